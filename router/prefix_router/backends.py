@@ -1,0 +1,135 @@
+"""The backend set: membership from discovery, health from probes and passive error counts."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+log = logging.getLogger("prefix_router.backends")
+
+
+@dataclass(slots=True)
+class Backend:
+    url: str
+    healthy: bool = True
+    failures: int = 0
+    ejected_at: float | None = None
+    models: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def name(self) -> str:
+        return self.url
+
+
+class BackendSet:
+    """Which backends exist and which may take traffic.
+
+    A backend is ejected after `eject_after` consecutive failures (probe or request) and is
+    re-admitted by a successful probe once `readmit_after` seconds have passed. Listeners hear
+    of every backend that stops taking traffic (left or ejected), so its table entries go.
+    """
+
+    def __init__(
+        self,
+        eject_after: int = 3,
+        readmit_after: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._eject_after = eject_after
+        self._readmit_after = readmit_after
+        self._clock = clock
+        self._by_url: dict[str, Backend] = {}
+        self._healthy: list[Backend] = []
+        self._on_gone: list[Callable[[str], None]] = []
+        self._on_join: list[Callable[[str], None]] = []
+
+    def on_gone(self, fn: Callable[[str], None]) -> None:
+        self._on_gone.append(fn)
+
+    def on_join(self, fn: Callable[[str], None]) -> None:
+        self._on_join.append(fn)
+
+    def _refresh(self) -> None:
+        self._healthy = [b for b in self._by_url.values() if b.healthy]
+
+    def set_members(self, urls: Iterable[str]) -> tuple[list[str], list[str]]:
+        wanted = {u.rstrip("/") for u in urls}
+        added = [u for u in wanted if u not in self._by_url]
+        removed = [u for u in self._by_url if u not in wanted]
+        for u in removed:
+            del self._by_url[u]
+        for u in sorted(added):
+            self._by_url[u] = Backend(u)
+        self._refresh()
+        for u in removed:
+            log.info("backend left: %s", u)
+            for fn in self._on_gone:
+                fn(u)
+        for u in added:
+            log.info("backend joined: %s", u)
+            for fn in self._on_join:
+                fn(u)
+        return added, removed
+
+    def get(self, url: str) -> Backend | None:
+        return self._by_url.get(url)
+
+    def all(self) -> list[Backend]:
+        return list(self._by_url.values())
+
+    def healthy(self) -> list[Backend]:
+        return self._healthy
+
+    def report_success(self, url: str) -> None:
+        b = self._by_url.get(url)
+        if b is not None and b.healthy:
+            b.failures = 0
+
+    def report_failure(self, url: str, why: str) -> bool:
+        """Count a failure; returns True when this one ejected the backend."""
+        b = self._by_url.get(url)
+        if b is None or not b.healthy:
+            return False
+        b.failures += 1
+        if b.failures < self._eject_after:
+            return False
+        b.healthy = False
+        b.ejected_at = self._clock()
+        self._refresh()
+        log.warning("backend ejected after %d failures: %s (%s)", b.failures, url, why)
+        for fn in self._on_gone:
+            fn(url)
+        return True
+
+    def probe_result(self, url: str, ok: bool, why: str = "") -> None:
+        b = self._by_url.get(url)
+        if b is None:
+            return
+        if not ok:
+            self.report_failure(url, why or "probe failed")
+            return
+        if b.healthy:
+            b.failures = 0
+            return
+        assert b.ejected_at is not None
+        if self._clock() - b.ejected_at >= self._readmit_after:
+            b.healthy = True
+            b.failures = 0
+            b.ejected_at = None
+            self._refresh()
+            log.info("backend re-admitted: %s", url)
+            for fn in self._on_join:
+                fn(url)
+
+    def set_models(self, url: str, models: Iterable[str]) -> None:
+        b = self._by_url.get(url)
+        if b is not None:
+            b.models = frozenset(models)
+
+    def served_models(self) -> set[str]:
+        out: set[str] = set()
+        for b in self._healthy:
+            out |= b.models
+        return out

@@ -1,0 +1,106 @@
+"""`prefix-router`: flags and config file -> settings -> serve."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+
+from pydantic import ValidationError
+
+from .app import serve
+from .config import POLICIES, load_settings
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="prefix-router", description="Prefix-aware router for LLM inference"
+    )
+    p.add_argument(
+        "--config", default=os.environ.get("PREFIX_ROUTER_CONFIG"), help="YAML settings file"
+    )
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument(
+        "--backend",
+        action="append",
+        dest="backends",
+        metavar="URL",
+        help="a backend base URL (repeatable); comma-separated lists are accepted",
+    )
+    p.add_argument("--policy", choices=POLICIES)
+    p.add_argument("--model", action="append", dest="models", help="served model name (repeatable)")
+    p.add_argument("--block-size", type=int, help="hash block size in tokens")
+    p.add_argument("--load-bound", type=float, help="bounded-load epsilon")
+    p.add_argument("--kv-capacity-tokens", type=int, help="per-backend KV capacity in tokens")
+    p.add_argument("--ttl-seconds", type=float)
+    p.add_argument("--store", choices=("local", "redis"))
+    p.add_argument("--redis-url")
+    p.add_argument("--model-key", help="key namespace of this model in the shared store")
+    p.add_argument("--log-level", default=None)
+    p.add_argument(
+        "--log-decisions",
+        action="store_true",
+        default=None,
+        help="log one line per routing decision, with its reason",
+    )
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    backends = None
+    if args.backends:
+        backends = [u for item in args.backends for u in item.split(",") if u.strip()]
+    overrides = {
+        "host": args.host,
+        "port": args.port,
+        "policy": args.policy,
+        "models": args.models,
+        "block_size": args.block_size,
+        "load_bound": args.load_bound,
+        "kv_capacity_tokens": args.kv_capacity_tokens,
+        "ttl_seconds": args.ttl_seconds,
+        "model_key": args.model_key,
+        "log_level": args.log_level,
+        "log_decisions": args.log_decisions,
+        "discovery.backends": backends,
+        "store.mode": args.store,
+        "store.url": args.redis_url,
+    }
+    try:
+        settings = load_settings(args.config, overrides)
+    except (ValidationError, ValueError, OSError) as exc:
+        print(f"prefix-router: invalid settings: {exc}", file=sys.stderr)
+        sys.exit(2)
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    if settings.discovery.mode == "static" and not settings.discovery.backends:
+        logging.getLogger("prefix_router").warning("no backends configured: every request gets 503")
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+
+    async def run() -> None:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            assert task is not None
+            loop.add_signal_handler(sig, task.cancel)
+        await serve(settings)
+
+    with contextlib.suppress(asyncio.CancelledError, KeyboardInterrupt):
+        asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""Router settings: one pydantic model, loaded from a YAML file and overridden by flags.
+
+The same keys are rendered by the operator into the router's ConfigMap, so the names here are
+the contract between the control plane and the data plane.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+PolicyName = Literal["prefix", "round-robin", "random", "least-loaded", "chwbl"]
+POLICIES: tuple[str, ...] = ("prefix", "round-robin", "random", "least-loaded", "chwbl")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DiscoverySettings(_Strict):
+    mode: Literal["static", "kubernetes"] = "static"
+    # static mode: backend base URLs such as http://127.0.0.1:8001
+    backends: list[str] = Field(default_factory=list)
+    # kubernetes mode: EndpointSlices of this Service (ready endpoints only)
+    namespace: str | None = None
+    service: str | None = None
+    port: int | None = None
+    kubeconfig: str | None = None
+    # Test-only: a pod annotation whose value replaces the endpoint address (host:port).
+    address_override_annotation: str | None = None
+
+    @field_validator("backends")
+    @classmethod
+    def _urls(cls, v: list[str]) -> list[str]:
+        out = []
+        for url in v:
+            url = url.strip().rstrip("/")
+            if not url:
+                continue
+            if "://" not in url:
+                url = "http://" + url
+            out.append(url)
+        return out
+
+    @model_validator(mode="after")
+    def _kube_needs_service(self) -> DiscoverySettings:
+        if self.mode == "kubernetes" and not self.service:
+            raise ValueError("discovery.mode=kubernetes needs discovery.service")
+        return self
+
+
+class StoreSettings(_Strict):
+    mode: Literal["local", "redis"] = "local"
+    url: str | None = None
+    password_env: str | None = None
+    username: str | None = None
+    # Per-request budget for a shared-store round trip; past it we route on local state.
+    timeout_ms: float = Field(default=5.0, gt=0)
+    # Near-cache entries older than this are re-read from the store.
+    near_cache_ttl_ms: float = Field(default=250.0, ge=0)
+    max_entries_per_model: int = Field(default=2_000_000, ge=1000)
+
+    @model_validator(mode="after")
+    def _redis_needs_url(self) -> StoreSettings:
+        if self.mode == "redis" and not self.url:
+            raise ValueError("store.mode=redis needs store.url")
+        return self
+
+
+class HealthSettings(_Strict):
+    probe_interval_s: float = Field(default=2.0, gt=0)
+    probe_timeout_s: float = Field(default=1.0, gt=0)
+    # consecutive failures (probe or request) before a backend is ejected
+    eject_after_failures: int = Field(default=3, ge=1)
+    # minimum time an ejected backend stays out before a successful probe re-admits it
+    readmit_after_s: float = Field(default=5.0, ge=0)
+    metrics_poll_interval_s: float = Field(default=1.0, gt=0)
+
+
+class RouterSettings(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    # Served model names; empty means "whatever the backends serve" (learned from /v1/models).
+    models: list[str] = Field(default_factory=list)
+    policy: PolicyName = "prefix"
+    # Hash block size in tokens; equal to the engine's KV block size so block boundaries agree.
+    block_size: int = Field(default=16, ge=1, le=4096)
+    # Estimated bytes of canonical prompt per token (the estimate the capacity model runs on).
+    bytes_per_token: float = Field(default=4.0, gt=0)
+    # Bounded load: no backend above ceil((1 + load_bound) * mean in-flight).
+    load_bound: float = Field(default=0.25, ge=0, le=10)
+    # Cost, in prefill tokens, of one request already in flight on a backend.
+    load_cost_tokens: float = Field(default=256.0, ge=0)
+    # Hot-prefix replication: at most this many owners recorded per block (0 = no limit).
+    max_owners: int = Field(default=0, ge=0)
+    ttl_seconds: float = Field(default=600.0, gt=0)
+    # Per model-server replica KV capacity in tokens (0 = unknown: no capacity eviction).
+    kv_capacity_tokens: int = Field(default=0, ge=0)
+    max_table_entries: int = Field(default=2_000_000, ge=1000)
+    # Tenant isolation: header whose value salts the prefix hash (body field cache_salt wins).
+    salt_header: str | None = "x-cache-salt"
+    model_key: str = "default"
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    connect_timeout_s: float = Field(default=2.0, gt=0)
+    # Time to wait for an upstream's first byte (prefill can be long under load).
+    upstream_timeout_s: float = Field(default=300.0, gt=0)
+    max_attempts: int = Field(default=3, ge=1, le=10)
+    log_level: str = "info"
+    log_decisions: bool = False
+    discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    health: HealthSettings = Field(default_factory=HealthSettings)
+
+    @property
+    def block_bytes(self) -> int:
+        return max(1, round(self.block_size * self.bytes_per_token))
+
+
+def load_settings(path: str | Path | None, overrides: dict | None = None) -> RouterSettings:
+    """Read YAML (if given), apply flat overrides (dotted keys allowed), validate."""
+    data: dict = {}
+    if path:
+        text = Path(path).read_text()
+        loaded = yaml.safe_load(text) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path}: the config file must hold a mapping")
+        data = loaded
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return RouterSettings.model_validate(data)

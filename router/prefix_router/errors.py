@@ -1,0 +1,62 @@
+"""OpenAI-style error bodies; every client-visible failure of the router goes through here."""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+
+_TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    502: "upstream_error",
+    503: "service_unavailable",
+    504: "timeout",
+}
+
+
+class RequestError(Exception):
+    """A request the router refuses; carries what the client is told."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.retry_after = retry_after
+
+
+def error_body(
+    status: int, message: str, param: str | None = None, code: str | None = None
+) -> bytes:
+    return json.dumps(
+        {
+            "error": {
+                "message": message,
+                "type": _TYPES.get(status, "server_error"),
+                "param": param,
+                "code": code,
+            }
+        }
+    ).encode()
+
+
+def error_response(err: RequestError) -> web.Response:
+    headers = {"Retry-After": str(err.retry_after)} if err.retry_after is not None else None
+    return web.Response(
+        status=err.status,
+        body=error_body(err.status, err.message, err.param, err.code),
+        content_type="application/json",
+        headers=headers,
+    )

@@ -1,0 +1,138 @@
+"""Background loops: active /health probes, engine gauge scrapes, model lists, table expiry."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import aiohttp
+
+from .backends import BackendSet
+from .config import HealthSettings
+from .load import LoadTracker
+from .metrics import RouterMetrics
+from .store import TableStore
+
+log = logging.getLogger("prefix_router.health")
+
+# vLLM's gauges (SGLang's are read too, under its own names).
+_RUNNING = (b"vllm:num_requests_running", b"sglang:num_running_reqs")
+_WAITING = (b"vllm:num_requests_waiting", b"sglang:num_queue_reqs")
+
+
+def engine_queue_depth(text: bytes) -> float | None:
+    """running + waiting summed over label sets, from Prometheus text; None if absent.
+
+    A line scan rather than prometheus_client's parser: we need two gauges out of a page of
+    histograms, once a second per backend, and the full parser costs ~50x more on the loop.
+    """
+    total = 0.0
+    found = False
+    for line in text.split(b"\n"):
+        if not line or line[0] == 35:  # '#'
+            continue
+        for name in _RUNNING + _WAITING:
+            if line.startswith(name) and line[len(name) : len(name) + 1] in (b"{", b" "):
+                try:
+                    total += float(line.rsplit(b" ", 1)[1])
+                    found = True
+                except (ValueError, IndexError):
+                    pass
+                break
+    return total if found else None
+
+
+class HealthLoop:
+    def __init__(
+        self,
+        settings: HealthSettings,
+        backends: BackendSet,
+        load: LoadTracker,
+        store: TableStore,
+        metrics: RouterMetrics,
+        session: aiohttp.ClientSession,
+    ) -> None:
+        self._s = settings
+        self._backends = backends
+        self._load = load
+        self._store = store
+        self._metrics = metrics
+        self._session = session
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._probe_loop(), name="probe"),
+            asyncio.create_task(self._scrape_loop(), name="scrape"),
+            asyncio.create_task(self._expire_loop(), name="expire"),
+        ]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+
+    async def probe_once(self) -> None:
+        await asyncio.gather(*(self._probe(b.url) for b in self._backends.all()))
+        for b in self._backends.all():
+            self._metrics.healthy.labels(b.url).set(1 if b.healthy else 0)
+
+    async def _probe(self, url: str) -> None:
+        timeout = aiohttp.ClientTimeout(total=self._s.probe_timeout_s)
+        try:
+            async with self._session.get(url + "/health", timeout=timeout) as r:
+                await r.read()
+                ok = r.status == 200
+                why = f"status {r.status}"
+            b = self._backends.get(url)
+            if ok and b is not None and not b.models:
+                await self._fetch_models(url, timeout)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            ok, why = False, repr(exc)
+        self._backends.probe_result(url, ok, why)
+
+    async def _fetch_models(self, url: str, limit: aiohttp.ClientTimeout) -> None:
+        try:
+            async with self._session.get(url + "/v1/models", timeout=limit) as r:
+                if r.status != 200:
+                    return
+                data = await r.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+            return
+        ids = [m.get("id") for m in data.get("data", []) if isinstance(m, dict)]
+        self._backends.set_models(url, [i for i in ids if isinstance(i, str)])
+
+    async def _probe_loop(self) -> None:
+        while True:
+            await self.probe_once()
+            await asyncio.sleep(self._s.probe_interval_s)
+
+    async def _scrape(self, url: str) -> None:
+        timeout = aiohttp.ClientTimeout(total=self._s.probe_timeout_s)
+        try:
+            async with self._session.get(url + "/metrics", timeout=timeout) as r:
+                if r.status != 200:
+                    return
+                text = await r.read()
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return
+        depth = engine_queue_depth(text)
+        if depth is not None:
+            self._load.engine_report(url, depth)
+
+    async def _scrape_loop(self) -> None:
+        while True:
+            await asyncio.gather(*(self._scrape(b.url) for b in self._backends.healthy()))
+            await asyncio.sleep(self._s.metrics_poll_interval_s)
+
+    async def _expire_loop(self) -> None:
+        while True:
+            await asyncio.sleep(5.0)
+            gone = self._store.expire()
+            if gone:
+                log.debug("expired %d table entries", gone)
+            self._metrics.table_entries.set(self._store.entries())
+            self._metrics.store_degraded.set(1 if self._store.degraded else 0)

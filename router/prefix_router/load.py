@@ -1,0 +1,48 @@
+"""Per-backend load as the router sees it: in-flight requests and pending prefill work.
+
+Router-side counts are exact for this router's own traffic and instant; the engines' own gauges
+(running + waiting, scraped from /metrics) add load the router did not send (other routers,
+direct clients). The difference is kept as `external` and refreshed at each scrape.
+"""
+
+from __future__ import annotations
+
+
+class LoadTracker:
+    __slots__ = ("_external", "_inflight", "_pending")
+
+    def __init__(self) -> None:
+        self._inflight: dict[str, int] = {}
+        self._pending: dict[str, float] = {}
+        self._external: dict[str, float] = {}
+
+    def start(self, backend: str, prefill_tokens: float) -> None:
+        self._inflight[backend] = self._inflight.get(backend, 0) + 1
+        self._pending[backend] = self._pending.get(backend, 0.0) + prefill_tokens
+
+    def first_byte(self, backend: str, prefill_tokens: float) -> None:
+        left = self._pending.get(backend, 0.0) - prefill_tokens
+        self._pending[backend] = left if left > 1e-6 else 0.0
+
+    def finish(self, backend: str) -> None:
+        n = self._inflight.get(backend, 0) - 1
+        self._inflight[backend] = n if n > 0 else 0
+
+    def engine_report(self, backend: str, running_plus_waiting: float) -> None:
+        extra = running_plus_waiting - self._inflight.get(backend, 0)
+        self._external[backend] = extra if extra > 0 else 0.0
+
+    def inflight(self, backend: str) -> float:
+        return self._inflight.get(backend, 0) + self._external.get(backend, 0.0)
+
+    def own_inflight(self, backend: str) -> int:
+        return self._inflight.get(backend, 0)
+
+    def pending_prefill(self, backend: str) -> float:
+        return self._pending.get(backend, 0.0)
+
+    def forget(self, backend: str) -> None:
+        self._external.pop(backend, None)
+        if not self._inflight.get(backend):
+            self._inflight.pop(backend, None)
+            self._pending.pop(backend, None)

@@ -1,0 +1,98 @@
+"""The router's Prometheus metrics (one registry per router, so tests can run several)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_TOKENS = (0, 16, 64, 256, 1024, 4096, 16384)
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "prefix_router_requests",
+            "Requests by backend and outcome",
+            ["backend", "outcome"],
+            registry=r,
+        )
+        self.decisions = Counter(
+            "prefix_router_routing_decisions",
+            "Routing decisions: hit, miss, replicated, balanced, overflow",
+            ["policy", "decision"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "prefix_router_retries",
+            "Attempts moved to another backend before the first byte",
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "prefix_router_prompt_tokens", "Estimated prompt tokens routed", registry=r
+        )
+        self.predicted_cached = Counter(
+            "prefix_router_predicted_cached_tokens",
+            "Prompt tokens the router predicted the chosen backend had cached",
+            registry=r,
+        )
+        self.reported_cached = Counter(
+            "prefix_router_reported_cached_tokens",
+            "usage.prompt_tokens_details.cached_tokens reported by engines",
+            registry=r,
+        )
+        self.reported_prompt = Counter(
+            "prefix_router_reported_prompt_tokens",
+            "usage.prompt_tokens reported by engines (for requests that reported usage)",
+            registry=r,
+        )
+        self.prediction_error = Histogram(
+            "prefix_router_cache_prediction_error_tokens",
+            "|predicted - reported| cached tokens per request (index drift)",
+            buckets=_TOKENS,
+            registry=r,
+        )
+        self.hit_ratio = Gauge(
+            "prefix_router_estimated_hit_ratio",
+            "Predicted cached tokens / prompt tokens since start",
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "prefix_router_ttft_seconds",
+            "Time from request arrival to the upstream's first byte",
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.overhead = Histogram(
+            "prefix_router_decision_seconds",
+            "Time spent parsing, hashing, looking up and choosing",
+            buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01),
+            registry=r,
+        )
+        self.inflight = Gauge(
+            "prefix_router_inflight", "In-flight requests", ["backend"], registry=r
+        )
+        self.healthy = Gauge(
+            "prefix_router_backend_healthy", "1 if taking traffic", ["backend"], registry=r
+        )
+        self.table_entries = Gauge(
+            "prefix_router_table_entries", "(block, backend) ownership entries", registry=r
+        )
+        self.store_degraded = Gauge(
+            "prefix_router_store_degraded", "1 while routing on local state only", registry=r
+        )
+        self._prompt_sum = 0.0
+        self._pred_sum = 0.0
+
+    def observe_prediction(self, prompt_tokens: float, predicted: float) -> None:
+        self.prompt_tokens.inc(prompt_tokens)
+        self.predicted_cached.inc(predicted)
+        self._prompt_sum += prompt_tokens
+        self._pred_sum += predicted
+        if self._prompt_sum:
+            self.hit_ratio.set(self._pred_sum / self._prompt_sum)
+
+    def observe_usage(self, predicted: float, prompt: int, cached: int) -> None:
+        self.reported_cached.inc(cached)
+        self.reported_prompt.inc(prompt)
+        self.prediction_error.observe(abs(predicted - cached))

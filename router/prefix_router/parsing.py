@@ -1,0 +1,154 @@
+"""Parse an OpenAI request body and turn its prompt into canonical bytes.
+
+Canonical bytes are what the prefix key is computed over. They are built so that whatever an
+engine's chat template does, two requests whose rendered prompts share a prefix also share a
+canonical-byte prefix: tools first (a template puts them in the system preamble), then each
+message as a self-delimited record in order. A conversation's history is therefore a byte
+prefix of its next turn.
+"""
+
+from __future__ import annotations
+
+import json
+from array import array
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .errors import RequestError
+
+Kind = Literal["completions", "chat"]
+
+# Record separators that cannot occur in UTF-8 text (0xff/0xfe are never valid UTF-8 bytes),
+# so a crafted message cannot forge a record boundary.
+_TOOLS = b"\xff\x01"
+_MSG = b"\xff\x02"
+_PART = b"\xff\x03"
+_FIELD = b"\xfe"
+_TOKENS = b"\xff\x04"
+
+
+@dataclass(slots=True)
+class ParsedRequest:
+    kind: Kind
+    model: str
+    stream: bool
+    body: dict[str, Any]
+    canonical: bytes
+    cache_salt: str | None
+    include_usage: bool
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _content_bytes(content: Any, where: str) -> bytes:
+    if content is None:
+        return b""
+    if isinstance(content, str):
+        return content.encode()
+    if isinstance(content, list):
+        out = bytearray()
+        for i, part in enumerate(content):
+            if isinstance(part, str):
+                out += _PART + part.encode()
+            elif isinstance(part, dict):
+                ptype = part.get("type")
+                if ptype == "text" and isinstance(part.get("text"), str):
+                    out += _PART + b"text" + _FIELD + part["text"].encode()
+                else:
+                    # Images, audio, files: their serialised form is what identifies them.
+                    out += _PART + _dumps(part)
+            else:
+                raise RequestError(400, f"{where}.content[{i}] must be a string or an object")
+        return bytes(out)
+    raise RequestError(400, f"{where}.content must be a string or a list of content parts")
+
+
+def canonical_chat(messages: list[Any], tools: Any = None) -> bytes:
+    out = bytearray()
+    if tools:
+        out += _TOOLS + _dumps(tools)
+    for i, msg in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise RequestError(400, f"{where} must be an object", param="messages")
+        role = msg.get("role")
+        if not isinstance(role, str) or not role:
+            raise RequestError(400, f"{where}.role is required", param="messages")
+        out += _MSG + role.encode() + _FIELD + _content_bytes(msg.get("content"), where)
+        for extra in ("name", "tool_calls", "tool_call_id"):
+            if extra in msg and msg[extra] is not None:
+                out += _FIELD + extra.encode() + _FIELD + _dumps(msg[extra])
+    return bytes(out)
+
+
+def canonical_prompt(prompt: Any) -> bytes:
+    if isinstance(prompt, str):
+        return prompt.encode()
+    if isinstance(prompt, list) and prompt:
+        first = prompt[0]
+        if isinstance(first, str):
+            # A batch of prompts: route by the first (they go to one backend together).
+            return first.encode()
+        if isinstance(first, int) and not isinstance(first, bool):
+            if not all(isinstance(t, int) and 0 <= t < 2**32 for t in prompt):
+                raise RequestError(
+                    400, "prompt token ids must be non-negative integers", param="prompt"
+                )
+            return _TOKENS + array("I", prompt).tobytes()
+        if isinstance(first, list):
+            return canonical_prompt(first)
+    raise RequestError(
+        400, "prompt must be a string, a list of strings or a list of token ids", param="prompt"
+    )
+
+
+def parse_request(raw: bytes, kind: Kind, salt_from_header: str | None = None) -> ParsedRequest:
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RequestError(400, f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise RequestError(400, "the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise RequestError(400, "'model' is required and must be a string", param="model")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise RequestError(400, "'stream' must be a boolean", param="stream")
+    if kind == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise RequestError(
+                400, "'messages' is required and must be a non-empty list", param="messages"
+            )
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise RequestError(400, "'tools' must be a list", param="tools")
+        canonical = canonical_chat(messages, tools)
+    else:
+        if "prompt" not in body or body["prompt"] in (None, "", []):
+            raise RequestError(400, "'prompt' is required", param="prompt")
+        canonical = canonical_prompt(body["prompt"])
+    salt = body.get("cache_salt")
+    if salt is not None and not isinstance(salt, str):
+        raise RequestError(400, "'cache_salt' must be a string", param="cache_salt")
+    opts = body.get("stream_options")
+    include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
+    return ParsedRequest(
+        kind=kind,
+        model=model,
+        stream=stream,
+        body=body,
+        canonical=canonical,
+        cache_salt=salt if salt is not None else salt_from_header,
+        include_usage=include_usage,
+    )
+
+
+def next_turn_canonical(parsed: ParsedRequest, answer: str) -> bytes:
+    """Canonical bytes the next turn of this conversation will start with."""
+    if parsed.kind == "chat":
+        return parsed.canonical + canonical_chat([{"role": "assistant", "content": answer}])
+    return parsed.canonical + answer.encode()

@@ -1,0 +1,158 @@
+"""Routing policies: candidates -> filter (bounded load) -> score -> pick. Pure functions.
+
+`prefix` (ours) picks the backend that maximises expected prefill saved minus a load cost, among
+backends under the bounded-load limit. Baselines for comparison: round-robin, random,
+least-loaded, and chwbl (consistent hashing with bounded loads on the prompt's first bytes, as
+KubeAI routes).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import xxhash
+
+_xxh = xxhash.xxh3_64_intdigest
+
+
+@dataclass(slots=True)
+class Candidate:
+    name: str
+    inflight: float = 0.0  # requests in flight on this backend, from every source we know of
+    pending_prefill: float = 0.0  # prompt tokens dispatched whose prefill has not finished
+    matched_blocks: int = 0  # leading prefix blocks the table says this backend holds
+
+
+@dataclass(slots=True)
+class Decision:
+    backend: str
+    reason: str  # hit | miss | replicated | overflow | balanced
+    matched_blocks: int
+    order: list[str] = field(default_factory=list)  # fallbacks for retries, best first
+
+
+def load_limit(cands: Sequence[Candidate], eps: float) -> float:
+    """Most in-flight requests a backend may hold after taking this one.
+
+    ceil((1 + eps) * mean), the mean counting this request: the bound of consistent hashing
+    with bounded loads (Mirrokni et al.), which never excludes every backend.
+    """
+    total = sum(c.inflight for c in cands) + 1.0
+    return math.ceil((1.0 + eps) * total / len(cands))
+
+
+def tiebreak(key: int, name: str) -> int:
+    """Rendezvous weight: spreads ties by prefix, not by a fixed backend order."""
+    return _xxh(name.encode(), key & 0xFFFFFFFFFFFFFFFF)
+
+
+def choose_prefix(
+    cands: Sequence[Candidate],
+    *,
+    block_tokens: int,
+    eps: float,
+    load_cost_tokens: float,
+    key: int,
+) -> Decision:
+    if not cands:
+        raise ValueError("no candidates")
+    limit = load_limit(cands, eps)
+    best_match = max(c.matched_blocks for c in cands)
+
+    def rank(c: Candidate) -> tuple[float, float, int]:
+        score = c.matched_blocks * block_tokens - c.pending_prefill - load_cost_tokens * c.inflight
+        return (score, -c.inflight, tiebreak(key, c.name))
+
+    allowed = [c for c in cands if c.inflight + 1 <= limit]
+    held = [c for c in cands if c.inflight + 1 > limit]
+    allowed.sort(key=rank, reverse=True)
+    held.sort(key=rank, reverse=True)
+    chosen = allowed[0] if allowed else held[0]
+    order = [c.name for c in allowed[1:]] + [c.name for c in held]
+    if best_match == 0:
+        reason = "miss"
+    elif chosen.matched_blocks == best_match:
+        reason = "hit"
+    elif any(c.matched_blocks == best_match for c in held):
+        # The owner is full: this backend becomes one more owner of the hot prefix.
+        reason = "replicated"
+    else:
+        reason = "balanced"  # an owner was within bounds but too loaded to be worth it
+    return Decision(chosen.name, reason, chosen.matched_blocks, order)
+
+
+def choose_least_loaded(cands: Sequence[Candidate], rng: random.Random) -> Decision:
+    ranked = sorted(cands, key=lambda c: (c.inflight, c.pending_prefill, rng.random()))
+    return Decision(
+        ranked[0].name, "balanced", ranked[0].matched_blocks, [c.name for c in ranked[1:]]
+    )
+
+
+def choose_random(cands: Sequence[Candidate], rng: random.Random) -> Decision:
+    order = [c.name for c in cands]
+    rng.shuffle(order)
+    return Decision(order[0], "balanced", 0, order[1:])
+
+
+class RoundRobin:
+    def __init__(self) -> None:
+        self._next = 0
+
+    def choose(self, cands: Sequence[Candidate]) -> Decision:
+        names = sorted(c.name for c in cands)
+        i = self._next % len(names)
+        self._next += 1
+        order = names[i:] + names[:i]
+        return Decision(order[0], "balanced", 0, order[1:])
+
+
+class HashRing:
+    """Consistent-hash ring with virtual nodes, for chwbl."""
+
+    def __init__(self, vnodes: int = 100) -> None:
+        self._vnodes = vnodes
+        self._members: tuple[str, ...] = ()
+        self._points: list[int] = []
+        self._owners: list[str] = []
+
+    def update(self, names: Sequence[str]) -> None:
+        members = tuple(sorted(names))
+        if members == self._members:
+            return
+        pairs = sorted(
+            (_xxh(f"{name}#{v}".encode()), name) for name in members for v in range(self._vnodes)
+        )
+        self._members = members
+        self._points = [p for p, _ in pairs]
+        self._owners = [n for _, n in pairs]
+
+    def walk(self, key: int) -> list[str]:
+        """Distinct members in ring order starting at `key`."""
+        if not self._points:
+            return []
+        start = bisect.bisect(self._points, key) % len(self._points)
+        seen: list[str] = []
+        n = len(self._points)
+        for i in range(n):
+            name = self._owners[(start + i) % n]
+            if name not in seen:
+                seen.append(name)
+                if len(seen) == len(self._members):
+                    break
+        return seen
+
+
+def choose_chwbl(cands: Sequence[Candidate], ring: HashRing, key: int, eps: float) -> Decision:
+    by_name = {c.name: c for c in cands}
+    ring.update(list(by_name))
+    limit = load_limit(cands, eps)
+    walk = ring.walk(key)
+    for i, name in enumerate(walk):
+        if by_name[name].inflight + 1 <= limit:
+            reason = "hit" if i == 0 else "overflow"
+            return Decision(name, reason, 0, walk[i + 1 :] + walk[:i])
+    return Decision(walk[0], "overflow", 0, walk[1:])

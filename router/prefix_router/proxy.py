@@ -1,0 +1,222 @@
+"""Forward one planned request upstream, retrying on the next candidate before the first byte.
+
+Streaming responses are passed through chunk by chunk as they arrive (no buffering on the way
+to the client; a copy is kept, bounded, to learn the answer afterwards). A client that goes
+away cancels this handler (the app runs with handler cancellation), which closes the upstream
+connection, which makes the engine abort the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import aiohttp
+from aiohttp import web
+
+from .errors import RequestError
+from .responses import read_json, read_sse
+from .routing import Plan, Router
+
+log = logging.getLogger("prefix_router.proxy")
+
+# Request headers not to pass on (hop-by-hop, or recomputed by the client library).
+_DROP_REQUEST = frozenset(
+    h.lower()
+    for h in (
+        "host",
+        "content-length",
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "te",
+        "trailer",
+        "upgrade",
+        "proxy-authorization",
+        "proxy-connection",
+        "accept-encoding",
+    )
+)
+_PASS_RESPONSE = ("content-type", "x-request-id", "openai-processing-ms")
+_MAX_SNIFF = 4 * 1024 * 1024
+_RETRY_STATUS = frozenset((502, 503))
+
+
+class _Retryable(Exception):
+    pass
+
+
+def upstream_headers(request: web.Request) -> dict[str, str]:
+    return {k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST}
+
+
+async def forward(
+    request: web.Request,
+    plan: Plan,
+    raw: bytes,
+    router: Router,
+    session: aiohttp.ClientSession,
+) -> web.StreamResponse:
+    s = router.settings
+    tried: list[str] = []
+    headers = upstream_headers(request)
+    path = request.path
+    candidates = [plan.decision.backend, *plan.decision.order]
+    last_error = "no backend could be tried"
+    for backend in candidates:
+        if len(tried) >= s.max_attempts:
+            break
+        b = router.backends.get(backend)
+        if b is None or not b.healthy:
+            continue
+        if tried:
+            router.metrics.retries.inc()
+        tried.append(backend)
+        try:
+            return await _attempt(request, plan, raw, router, session, backend, headers, path)
+        except _Retryable as exc:
+            last_error = str(exc)
+            log.warning("attempt on %s failed before the first byte: %s", backend, exc)
+            continue
+    raise RequestError(503, f"no backend could serve the request ({last_error})", retry_after=1)
+
+
+async def _attempt(
+    request: web.Request,
+    plan: Plan,
+    raw: bytes,
+    router: Router,
+    session: aiohttp.ClientSession,
+    backend: str,
+    headers: dict[str, str],
+    path: str,
+) -> web.StreamResponse:
+    s = router.settings
+    metrics = router.metrics
+    prefill = router.dispatch(plan, backend)
+    first = False
+    try:
+        try:
+            upstream = await session.post(backend + path, data=raw, headers=headers)
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
+            router.backends.report_failure(backend, f"connect: {exc!r}")
+            metrics.requests.labels(backend, "connect_error").inc()
+            raise _Retryable(f"{type(exc).__name__}: {exc}") from None
+        except TimeoutError:
+            metrics.requests.labels(backend, "timeout").inc()
+            raise RequestError(
+                504, f"the upstream did not answer within {s.upstream_timeout_s}s"
+            ) from None
+        async with upstream:
+            if upstream.status in _RETRY_STATUS:
+                body = await upstream.read()
+                router.backends.report_failure(backend, f"status {upstream.status}")
+                metrics.requests.labels(backend, f"status_{upstream.status}").inc()
+                raise _Retryable(f"status {upstream.status}: {body[:200]!r}")
+            if plan.parsed.stream and upstream.status == 200:
+                return await _stream(request, plan, router, upstream, backend, prefill)
+            try:
+                body = await upstream.read()
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+                # Nothing was sent to the client yet, so another backend can still serve it.
+                router.backends.report_failure(backend, f"read: {exc!r}")
+                metrics.requests.labels(backend, "read_error").inc()
+                raise _Retryable(f"{type(exc).__name__}: {exc}") from None
+            except TimeoutError:
+                metrics.requests.labels(backend, "timeout").inc()
+                raise RequestError(
+                    504, f"the upstream did not answer within {s.upstream_timeout_s}s"
+                ) from None
+            first = True
+            router.first_byte(backend, prefill)
+            metrics.ttft.observe(time.perf_counter() - plan.started)
+            resp = web.Response(
+                status=upstream.status,
+                body=body,
+                headers=_response_headers(upstream, plan, backend),
+            )
+            outcome = "ok" if upstream.status < 400 else f"status_{upstream.status}"
+            metrics.requests.labels(backend, outcome).inc()
+            if upstream.status == 200:
+                router.backends.report_success(backend)
+                answer, usage = read_json(body, plan.parsed.kind)
+                router.learn(plan, backend, answer, usage)
+            return resp
+    finally:
+        if not first:
+            router.first_byte(backend, prefill)
+        router.finished(backend)
+
+
+def _response_headers(upstream: aiohttp.ClientResponse, plan: Plan, backend: str) -> dict[str, str]:
+    out = {k: upstream.headers[k] for k in _PASS_RESPONSE if k in upstream.headers}
+    out["x-routed-to"] = backend
+    out["x-route-reason"] = plan.decision.reason
+    return out
+
+
+async def _stream(
+    request: web.Request,
+    plan: Plan,
+    router: Router,
+    upstream: aiohttp.ClientResponse,
+    backend: str,
+    prefill: float,
+) -> web.StreamResponse:
+    metrics = router.metrics
+    content = upstream.content
+    s = router.settings
+    # Wait for the first chunk before answering the client: until then a failure can still be
+    # retried elsewhere.
+    try:
+        chunk = await content.readany()
+    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+        router.backends.report_failure(backend, f"stream: {exc!r}")
+        metrics.requests.labels(backend, "read_error").inc()
+        raise _Retryable(f"{type(exc).__name__}: {exc}") from None
+    except TimeoutError:
+        metrics.requests.labels(backend, "timeout").inc()
+        raise RequestError(
+            504, f"the upstream did not answer within {s.upstream_timeout_s}s"
+        ) from None
+    if not chunk:
+        router.backends.report_failure(backend, "empty stream")
+        raise _Retryable("the upstream closed the stream before any data")
+    router.first_byte(backend, prefill)
+    metrics.ttft.observe(time.perf_counter() - plan.started)
+    resp = web.StreamResponse(
+        status=upstream.status, headers=_response_headers(upstream, plan, backend)
+    )
+    resp.headers.setdefault("Content-Type", "text/event-stream")
+    resp.headers["Cache-Control"] = "no-cache"
+    await resp.prepare(request)
+    sniff = bytearray(chunk)
+    outcome = "ok"
+    try:
+        await resp.write(chunk)
+        while True:
+            chunk = await content.readany()
+            if not chunk:
+                break
+            await resp.write(chunk)
+            if len(sniff) < _MAX_SNIFF:
+                sniff += chunk
+    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+        # Bytes already reached the client; the stream can only be ended, not retried.
+        outcome = "stream_cut"
+        router.backends.report_failure(backend, f"stream cut: {exc!r}")
+        log.warning("stream from %s cut after the first byte: %r", backend, exc)
+    except asyncio.CancelledError:
+        metrics.requests.labels(backend, "client_gone").inc()
+        raise
+    metrics.requests.labels(backend, outcome).inc()
+    try:
+        await resp.write_eof()
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        pass
+    if outcome == "ok":
+        router.backends.report_success(backend)
+        answer, usage = read_sse(bytes(sniff), plan.parsed.kind)
+        router.learn(plan, backend, answer, usage)
+    return resp

@@ -1,0 +1,193 @@
+"""From a parsed request to a routing decision, and what is learned once it is served.
+
+Order of work for one request: prefix key (chained block hashes) -> candidates (healthy
+backends serving the model) -> ownership lookup (one store call for the whole chain) -> policy
+-> (forward, in proxy.py) -> record: ownership of the prompt at dispatch, of the next-turn prefix
+(prompt + answer) after the response, and the predicted-vs-reported cached tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+
+from .backends import BackendSet
+from .config import RouterSettings
+from .errors import RequestError
+from .load import LoadTracker
+from .metrics import RouterMetrics
+from .parsing import ParsedRequest, next_turn_canonical
+from .policy import (
+    Candidate,
+    Decision,
+    HashRing,
+    RoundRobin,
+    choose_chwbl,
+    choose_least_loaded,
+    choose_prefix,
+    choose_random,
+)
+from .prefix import block_hashes, chain_seed, extend_hashes
+from .store import TableStore
+
+log = logging.getLogger("prefix_router.decisions")
+
+# chwbl hashes this many leading bytes of the prompt (KubeAI's default prefix length is 100
+# characters).
+CHWBL_PREFIX_BYTES = 100
+
+
+@dataclass(slots=True)
+class Plan:
+    parsed: ParsedRequest
+    seed: int
+    hashes: list[int]
+    prompt_tokens: float
+    decision: Decision
+    started: float
+
+
+class Router:
+    def __init__(
+        self,
+        settings: RouterSettings,
+        backends: BackendSet,
+        store: TableStore,
+        load: LoadTracker,
+        metrics: RouterMetrics,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.settings = settings
+        self.backends = backends
+        self.store = store
+        self.load = load
+        self.metrics = metrics
+        self._rng = rng or random.Random()
+        self._rr = RoundRobin()
+        self._ring = HashRing()
+        self._block_bytes = settings.block_bytes
+        self._uses_table = settings.policy == "prefix"
+
+    def check_model(self, model: str) -> None:
+        s = self.settings
+        if s.models:
+            if model not in s.models:
+                raise RequestError(
+                    404,
+                    f"The model `{model}` does not exist.",
+                    param="model",
+                    code="model_not_found",
+                )
+            return
+        served = self.backends.served_models()
+        if served and model not in served:
+            raise RequestError(
+                404, f"The model `{model}` does not exist.", param="model", code="model_not_found"
+            )
+
+    async def plan(self, parsed: ParsedRequest) -> Plan:
+        started = time.perf_counter()
+        self.check_model(parsed.model)
+        healthy = self.backends.healthy()
+        if not healthy:
+            raise RequestError(503, "no healthy backend is available", retry_after=1)
+        if parsed.model and any(b.models for b in healthy):
+            serving = [b for b in healthy if not b.models or parsed.model in b.models]
+            healthy = serving or healthy
+        s = self.settings
+        seed = chain_seed(parsed.model, parsed.cache_salt)
+        canonical = parsed.canonical
+        hashes = block_hashes(canonical, self._block_bytes, seed)
+        prompt_tokens = len(canonical) / s.bytes_per_token
+        load = self.load
+        if self._uses_table:
+            matches = await self.store.lookup(parsed.model, hashes) if hashes else {}
+            cands = [
+                Candidate(
+                    b.url, load.inflight(b.url), load.pending_prefill(b.url), matches.get(b.url, 0)
+                )
+                for b in healthy
+            ]
+            key = hashes[0] if hashes else self._rng.getrandbits(64)
+            decision = choose_prefix(
+                cands,
+                block_tokens=s.block_size,
+                eps=s.load_bound,
+                load_cost_tokens=s.load_cost_tokens,
+                key=key,
+            )
+        else:
+            cands = [
+                Candidate(b.url, load.inflight(b.url), load.pending_prefill(b.url)) for b in healthy
+            ]
+            policy = s.policy
+            if policy == "round-robin":
+                decision = self._rr.choose(cands)
+            elif policy == "random":
+                decision = choose_random(cands, self._rng)
+            elif policy == "least-loaded":
+                decision = choose_least_loaded(cands, self._rng)
+            else:
+                key = chain_seed(canonical[:CHWBL_PREFIX_BYTES].decode(errors="replace"), None)
+                decision = choose_chwbl(cands, self._ring, key, s.load_bound)
+        self.metrics.decisions.labels(s.policy, decision.reason).inc()
+        self.metrics.overhead.observe(time.perf_counter() - started)
+        if s.log_decisions:
+            log.info(
+                "route model=%s blocks=%d backend=%s reason=%s matched=%d loads=%s",
+                parsed.model,
+                len(hashes),
+                decision.backend,
+                decision.reason,
+                decision.matched_blocks,
+                ",".join(
+                    f"{c.name.rsplit(':', 1)[-1]}:{c.inflight:.0f}/{c.matched_blocks}"
+                    for c in cands
+                ),
+            )
+        return Plan(parsed, seed, hashes, prompt_tokens, decision, started)
+
+    def predicted_tokens(self, plan: Plan, backend: str) -> float:
+        if backend != plan.decision.backend:
+            return 0.0  # a fallback's match was not looked at as closely; predict nothing
+        return min(plan.decision.matched_blocks * self.settings.block_size, plan.prompt_tokens)
+
+    def dispatch(self, plan: Plan, backend: str) -> float:
+        """Count the load and record ownership now, so concurrent requests follow."""
+        prefill = max(plan.prompt_tokens - self.predicted_tokens(plan, backend), 0.0)
+        self.load.start(backend, prefill)
+        self.metrics.inflight.labels(backend).set(self.load.own_inflight(backend))
+        if self._uses_table and plan.hashes:
+            self.store.record(plan.parsed.model, plan.hashes, backend)
+        return prefill
+
+    def first_byte(self, backend: str, prefill: float) -> None:
+        self.load.first_byte(backend, prefill)
+
+    def finished(self, backend: str) -> None:
+        self.load.finish(backend)
+        self.metrics.inflight.labels(backend).set(self.load.own_inflight(backend))
+
+    def learn(
+        self, plan: Plan, backend: str, answer: str | None, usage: tuple[int, int] | None
+    ) -> None:
+        predicted = self.predicted_tokens(plan, backend)
+        self.metrics.observe_prediction(plan.prompt_tokens, predicted)
+        if usage is not None:
+            prompt, cached = usage
+            self.metrics.observe_usage(predicted, prompt, cached)
+            if self.settings.log_decisions:
+                log.info(
+                    "served backend=%s predicted_cached=%d reported_cached=%d prompt=%d",
+                    backend,
+                    predicted,
+                    cached,
+                    prompt,
+                )
+        if self._uses_table and answer:
+            canonical = next_turn_canonical(plan.parsed, answer)
+            nxt = extend_hashes(plan.hashes, canonical, self._block_bytes, plan.seed)
+            if len(nxt) > len(plan.hashes):
+                self.store.record(plan.parsed.model, nxt, backend)

@@ -1,0 +1,78 @@
+"""The table store: the ownership table behind one small interface, local or shared.
+
+`LocalStore` keeps one OwnershipTable per model in this process. A shared store (Redis) keeps
+the same interface so the request path does not change with the deployment.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+from .table import OwnershipTable
+
+
+class TableStore(Protocol):
+    async def lookup(self, model: str, hashes: Sequence[int]) -> dict[str, int]: ...
+    def record(self, model: str, hashes: Sequence[int], backend: str) -> None: ...
+    def drop_backend(self, backend: str) -> None: ...
+    def expire(self) -> int: ...
+    def entries(self) -> int: ...
+    @property
+    def degraded(self) -> bool: ...
+    async def start(self) -> None: ...
+    async def close(self) -> None: ...
+
+
+class LocalStore:
+    def __init__(
+        self,
+        block_tokens: int,
+        capacity_tokens: int,
+        ttl: float,
+        max_entries: int,
+        max_owners: int = 0,
+        clock=time.monotonic,
+    ) -> None:
+        self._args = (block_tokens, capacity_tokens, ttl, max_entries, max_owners)
+        self._tables: dict[str, OwnershipTable] = {}
+        self._clock = clock
+
+    def table(self, model: str) -> OwnershipTable:
+        t = self._tables.get(model)
+        if t is None:
+            b, c, ttl, m, o = self._args
+            t = self._tables[model] = OwnershipTable(b, c, ttl, m, o)
+        return t
+
+    async def lookup(self, model: str, hashes: Sequence[int]) -> dict[str, int]:
+        t = self._tables.get(model)
+        if t is None or not hashes:
+            return {}
+        return t.match(hashes, self._clock())
+
+    def record(self, model: str, hashes: Sequence[int], backend: str) -> None:
+        if hashes:
+            self.table(model).record(hashes, backend, self._clock())
+
+    def drop_backend(self, backend: str) -> None:
+        for t in self._tables.values():
+            t.drop_backend(backend)
+
+    def expire(self) -> int:
+        now = self._clock()
+        return sum(t.expire(now) for t in self._tables.values())
+
+    def entries(self) -> int:
+        return sum(len(t) for t in self._tables.values())
+
+    @property
+    def degraded(self) -> bool:
+        return False
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None

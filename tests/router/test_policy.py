@@ -1,0 +1,103 @@
+import random
+from collections import Counter
+
+from prefix_router.policy import (
+    Candidate,
+    HashRing,
+    RoundRobin,
+    choose_chwbl,
+    choose_least_loaded,
+    choose_prefix,
+    load_limit,
+)
+
+
+def pick(cands, key=1, eps=0.25, cost=256.0):
+    return choose_prefix(cands, block_tokens=16, eps=eps, load_cost_tokens=cost, key=key)
+
+
+def test_prefers_owner():
+    cands = [Candidate("a", 1, 0, 0), Candidate("b", 1, 0, 100), Candidate("c", 0, 0, 0)]
+    d = pick(cands)
+    assert d.backend == "b" and d.reason == "hit"
+
+
+def test_bounded_load_excludes_full_owner_and_replicates():
+    # b owns the prefix but is at the bound: ceil(1.25 * 7 / 3) = 3, so b (3 in flight) is out
+    cands = [Candidate("a", 1, 0, 0), Candidate("b", 3, 0, 100), Candidate("c", 2, 0, 0)]
+    assert load_limit(cands, 0.25) == 3
+    d = pick(cands)
+    assert d.backend == "a" and d.reason == "replicated"
+    assert d.order[-1] == "b"  # held back, last resort for retries
+
+
+def test_overflow_keeps_affinity_among_allowed():
+    # The full owner is out, but a partial owner is preferred over a cold backend:
+    # imbalance handling must not discard affinity.
+    cands = [
+        Candidate("a", 0, 0, 0),
+        Candidate("b", 4, 0, 100),
+        Candidate("c", 1, 0, 60),
+        Candidate("d", 0, 0, 0),
+    ]
+    d = pick(cands)
+    assert d.backend == "c"
+
+
+def test_miss_under_low_concurrency_spreads():
+    # Idle fleet, all misses: different prefixes must not all land on one backend.
+    cands = [Candidate(n) for n in "abcdefgh"]
+    hits = Counter(pick(cands, key=random.Random(k).getrandbits(64)).backend for k in range(800))
+    assert set(hits) == set("abcdefgh")
+    assert max(hits.values()) < 2 * 800 / 8
+
+
+def test_ties_broken_by_load_first():
+    cands = [Candidate("a", 2, 0, 0), Candidate("b", 0, 0, 0), Candidate("c", 1, 0, 0)]
+    assert pick(cands, cost=0).backend == "b"
+
+
+def test_pending_prefill_counts_as_load():
+    cands = [Candidate("a", 1, 6000, 0), Candidate("b", 1, 0, 0)]
+    assert pick(cands).backend == "b"
+
+
+def test_single_shared_prompt_is_no_monopoly():
+    # Every request shares one system prompt. Simulate dispatch with in-flight counting:
+    # no backend may exceed the bound, so the prompt gets several owners.
+    names = list("abcdefgh")
+    inflight = dict.fromkeys(names, 0)
+    owners: set[str] = {"a"}
+    for _ in range(200):
+        cands = [Candidate(n, inflight[n], 0, 50 if n in owners else 0) for n in names]
+        d = pick(cands)
+        limit = load_limit(cands, 0.25)
+        assert inflight[d.backend] + 1 <= limit
+        inflight[d.backend] += 1
+        owners.add(d.backend)
+        if sum(inflight.values()) > 40:  # requests complete, load stays ~40 in flight
+            busiest = max(names, key=inflight.__getitem__)
+            inflight[busiest] -= 1
+    assert (
+        max(inflight.values()) <= load_limit([Candidate(n, inflight[n]) for n in names], 0.25) + 1
+    )
+    assert len(owners) >= 4
+
+
+def test_least_loaded_and_round_robin():
+    rng = random.Random(0)
+    cands = [Candidate("a", 3), Candidate("b", 1), Candidate("c", 2)]
+    assert choose_least_loaded(cands, rng).backend == "b"
+    rr = RoundRobin()
+    got = [rr.choose(cands).backend for _ in range(6)]
+    assert got == ["a", "b", "c", "a", "b", "c"]
+
+
+def test_chwbl_is_sticky_and_bounded():
+    ring = HashRing()
+    cands = [Candidate(n) for n in "abcd"]
+    first = choose_chwbl(cands, ring, key=12345, eps=0.25).backend
+    assert choose_chwbl(cands, ring, key=12345, eps=0.25).backend == first
+    loaded = [Candidate(n, 5 if n == first else 0) for n in "abcd"]
+    d = choose_chwbl(loaded, ring, key=12345, eps=0.25)
+    assert d.backend != first and d.reason == "overflow"
