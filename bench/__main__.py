@@ -1,0 +1,76 @@
+"""`python -m bench`: run | overhead | demo | suite."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from .run import RunConfig, run, write_json
+from .workloads import WORKLOADS
+
+POLICIES = ("prefix", "round-robin", "random", "least-loaded", "chwbl")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="one workload through one router configuration")
+    r.add_argument("--workload", choices=WORKLOADS, required=True)
+    r.add_argument("--router", choices=POLICIES, default="prefix")
+    r.add_argument("--replicas", type=int, default=8)
+    r.add_argument("--rate", type=float, default=10.0, help="requests per second")
+    r.add_argument("--seconds", type=float, default=60.0)
+    r.add_argument("--router-replicas", type=int, default=1)
+    r.add_argument("--store", choices=("local", "redis"), default="local")
+    r.add_argument("--redis-url")
+    r.add_argument("--profile", default="llama-3.1-70b-h100")
+    r.add_argument("--time-scale", type=float, default=1.0)
+    r.add_argument("--kv-capacity", type=int)
+    r.add_argument("--seed", type=int, default=7)
+    r.add_argument("--json", dest="json_out")
+    o = sub.add_parser("overhead", help="router overhead vs direct calls to a zero-latency sim")
+    o.add_argument("--rate", type=float, default=500)
+    o.add_argument("--seconds", type=float, default=20)
+    o.add_argument("--json", dest="json_out")
+    d = sub.add_parser("demo", help="system-prompts through prefix, round-robin, least-loaded")
+    d.add_argument("--seconds", type=float, default=45)
+    d.add_argument("--rate", type=float, default=None)
+    s = sub.add_parser("suite", help="the committed results of bench/results")
+    s.add_argument("--quick", action="store_true")
+    args = p.parse_args(argv)
+
+    if args.cmd == "run":
+        cfg = RunConfig(
+            workload=args.workload,
+            router=args.router,
+            replicas=args.replicas,
+            rate=args.rate,
+            seconds=args.seconds,
+            router_replicas=args.router_replicas,
+            store=args.store,
+            profile=args.profile,
+            time_scale=args.time_scale,
+            kv_capacity=args.kv_capacity,
+            seed=args.seed,
+            redis_url=args.redis_url,
+        )
+        write_json(asyncio.run(run(cfg)), args.json_out)
+    elif args.cmd == "overhead":
+        from .overhead import measure
+
+        write_json(asyncio.run(measure(args.rate, args.seconds)), args.json_out)
+    elif args.cmd == "demo":
+        from .demo import demo
+
+        demo(args.seconds, args.rate)
+    elif args.cmd == "suite":
+        from .suite import suite
+
+        suite(quick=args.quick)
+    else:  # pragma: no cover
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""Open-loop load generator: Poisson session arrivals, streaming chat requests, TTFT per request.
+
+Each request is sent with `stream: true`; TTFT is the time to the first SSE event that carries
+content, e2e the time to `data: [DONE]`. Every request sent is logged in send order, so the
+oracle can replay exactly the same sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from .workloads import Session, Workload, messages_for
+
+
+@dataclass(slots=True)
+class Result:
+    session: int
+    turn: int
+    sent_at: float
+    ttft: float | None
+    e2e: float | None
+    ok: bool
+    status: int
+    output_tokens: int
+    cached_tokens: int | None
+    prompt_tokens: int | None
+    target: str
+    error: str = ""
+
+
+@dataclass
+class RunLog:
+    results: list[Result] = field(default_factory=list)
+    sent: list[list[dict[str, str]]] = field(default_factory=list)  # messages, in send order
+    started: float = 0.0
+    finished: float = 0.0
+
+
+async def _one(
+    session_http: aiohttp.ClientSession,
+    url: str,
+    model: str,
+    msgs: list[dict[str, str]],
+    max_tokens: int,
+    timeout: float,
+) -> tuple[Result, str]:
+    body = {
+        "model": model,
+        "messages": msgs,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0,
+    }
+    t0 = time.perf_counter()
+    ttft = None
+    parts: list[str] = []
+    usage = None
+    done = False
+    status = 0
+    try:
+        async with session_http.post(
+            url + "/v1/chat/completions", json=body, timeout=aiohttp.ClientTimeout(total=timeout)
+        ) as r:
+            status = r.status
+            if r.status != 200:
+                text = await r.text()
+                return Result(
+                    0, 0, t0, None, None, False, status, 0, None, None, url, text[:200]
+                ), ""
+            async for line in r.content:
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    done = True
+                    break
+                obj = json.loads(data)
+                if obj.get("usage"):
+                    usage = obj["usage"]
+                for ch in obj.get("choices") or ():
+                    piece = (ch.get("delta") or {}).get("content")
+                    if piece:
+                        if ttft is None:
+                            ttft = time.perf_counter() - t0
+                        parts.append(piece)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        return Result(0, 0, t0, ttft, None, False, status, 0, None, None, url, repr(exc)), ""
+    e2e = time.perf_counter() - t0
+    answer = "".join(parts)
+    cached = prompt = None
+    out_tokens = 0
+    if usage:
+        prompt = usage.get("prompt_tokens")
+        out_tokens = usage.get("completion_tokens") or 0
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    ok = done and ttft is not None
+    return Result(
+        0,
+        0,
+        t0,
+        ttft,
+        e2e if ok else None,
+        ok,
+        status,
+        out_tokens,
+        cached,
+        prompt,
+        url,
+        "" if ok else "stream ended without [DONE]",
+    ), answer
+
+
+async def run_load(
+    workload: Workload,
+    targets: list[str],
+    model: str,
+    rate: float,
+    seconds: float,
+    *,
+    seed: int = 7,
+    request_timeout: float = 300.0,
+    drain_timeout: float = 120.0,
+    progress: bool = True,
+) -> RunLog:
+    """Send `workload` at `rate` requests/s for `seconds`; targets are used round-robin per
+    request, as a Kubernetes Service spreads connections over router replicas."""
+    rng = random.Random(seed)
+    log = RunLog()
+    avg_turns = sum(len(s.turns) for s in workload.sessions) / max(1, len(workload.sessions))
+    session_rate = rate / avg_turns
+    rr = 0
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(connector=connector) as http:
+
+        async def conversation(idx: int, s: Session) -> None:
+            nonlocal rr
+            answers: list[str] = []
+            for t, turn in enumerate(s.turns):
+                msgs = messages_for(s, t, answers)
+                target = targets[rr % len(targets)]
+                rr += 1
+                log.sent.append(msgs)
+                res, answer = await _one(
+                    http, target, model, msgs, turn.max_tokens, request_timeout
+                )
+                res.session, res.turn = idx, t
+                log.results.append(res)
+                if not res.ok:
+                    return
+                answers.append(answer)
+
+        tasks: list[asyncio.Task[None]] = []
+        log.started = time.perf_counter()
+        deadline = log.started + seconds
+        next_at = log.started
+        last_report = log.started
+        for idx, s in enumerate(workload.sessions):
+            next_at += rng.expovariate(session_rate)
+            if next_at >= deadline:
+                break
+            delay = next_at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(conversation(idx, s)))
+            now = time.perf_counter()
+            if progress and now - last_report > 10:
+                last_report = now
+                done = len(log.results)
+                print(
+                    f"    t={now - log.started:5.0f}s sent={len(log.sent)} done={done} "
+                    f"errors={sum(not r.ok for r in log.results)}",
+                    flush=True,
+                )
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=drain_timeout)
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        log.finished = time.perf_counter()
+    return log

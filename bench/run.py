@@ -1,0 +1,153 @@
+"""One benchmark run: N simulators, a router (or several replicas), a load generator.
+
+Every hit-rate figure comes from the simulators' own counters (GET /stats), never from the
+router. The simulators' KV capacity is chosen per workload so that one replica holds at most a
+quarter of the working set while the whole fleet holds all of it: routing has to matter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from .fleet import Fleet
+from .loadgen import run_load
+from .oracle import oracle_hit_rate
+from .stats import imbalance, ms, percentile
+from .workloads import build
+
+MODEL = "sim-llama-3.1-70b"
+
+# Per-replica KV capacity (tokens) for each workload, as a fraction of its working set.
+# system-prompts / hotspot: 128k-token working set -> 24k per replica (0.19 of it; 8 replicas
+# hold 192k). customers: 1.8M -> 340k (0.19). multi-turn: histories of the conversations in
+# flight -> 48k. unique: nothing to share -> 32k.
+KV_CAPACITY = {
+    "system-prompts": 24_000,
+    "hotspot": 24_000,
+    "customers": 340_000,
+    "multi-turn": 48_000,
+    "unique": 32_000,
+}
+
+
+@dataclass
+class RunConfig:
+    workload: str
+    router: str = "prefix"
+    replicas: int = 8
+    rate: float = 10.0
+    seconds: float = 60.0
+    router_replicas: int = 1
+    store: str = "local"
+    profile: str = "llama-3.1-70b-h100"
+    time_scale: float = 1.0
+    kv_capacity: int | None = None
+    max_num_seqs: int = 256
+    seed: int = 7
+    log_dir: str = "bench/.logs"
+    router_args: tuple[str, ...] = ()
+    redis_url: str | None = None
+
+
+async def fetch_stats(urls: list[str]) -> list[dict]:
+    async with aiohttp.ClientSession() as s:
+
+        async def one(u: str) -> dict:
+            async with s.get(u + "/stats") as r:
+                return await r.json()
+
+        return list(await asyncio.gather(*(one(u) for u in urls)))
+
+
+async def reset(urls: list[str]) -> None:
+    async with aiohttp.ClientSession() as s:
+        await asyncio.gather(*(s.post(u + "/reset") for u in urls))
+
+
+async def run(cfg: RunConfig) -> dict:
+    kv = cfg.kv_capacity or KV_CAPACITY[cfg.workload]
+    count = int(cfg.rate * cfg.seconds * 1.2) + 50
+    wl = build(cfg.workload, count)
+    log_dir = Path(cfg.log_dir) / f"{cfg.workload}-{cfg.router}-{int(time.time())}"
+    async with Fleet(log_dir) as fleet:
+        sims = await asyncio.gather(
+            *(
+                fleet.start_sim(
+                    f"sim{i}",
+                    model=MODEL,
+                    kv_capacity=kv,
+                    profile=cfg.profile,
+                    time_scale=cfg.time_scale,
+                    max_num_seqs=cfg.max_num_seqs,
+                )
+                for i in range(cfg.replicas)
+            )
+        )
+        sim_urls = [p.url for p in sims]
+        extra = list(cfg.router_args)
+        if cfg.store == "redis":
+            extra += ["--store", "redis", "--redis-url", cfg.redis_url or ""]
+        routers = []
+        for k in range(cfg.router_replicas):
+            routers.append(
+                await fleet.start_router(
+                    f"router{k}", sim_urls, policy=cfg.router, kv_capacity=kv, extra=extra
+                )
+            )
+        targets = [r.url for r in routers]
+        await reset(sim_urls)
+        log = await run_load(wl, targets, MODEL, cfg.rate, cfg.seconds, seed=cfg.seed)
+        stats = await fetch_stats(sim_urls)
+    ok = [r for r in log.results if r.ok]
+    ttfts = [r.ttft for r in ok if r.ttft is not None]
+    e2es = [r.e2e for r in ok if r.e2e is not None]
+    prompt = sum(s["prompt_tokens"] for s in stats)
+    cached = sum(s["cached_tokens"] for s in stats)
+    served = [s["requests"] for s in stats]
+    wall = log.finished - log.started
+    out_tokens = sum(r.output_tokens for r in ok)
+    result = {
+        "workload": cfg.workload,
+        "router": cfg.router,
+        "replicas": cfg.replicas,
+        "router_replicas": cfg.router_replicas,
+        "store": cfg.store,
+        "rate": cfg.rate,
+        "seconds": cfg.seconds,
+        "profile": cfg.profile,
+        "time_scale": cfg.time_scale,
+        "kv_capacity_tokens": kv,
+        "requests_sent": len(log.sent),
+        "requests_ok": len(ok),
+        "errors": len(log.sent) - len(ok),
+        "engine_hit_rate": round(cached / prompt, 4) if prompt else 0.0,
+        "oracle_hit_rate": round(oracle_hit_rate(log.sent, kv * cfg.replicas), 4),
+        "ttft_p50_ms": ms(percentile(ttfts, 50)),
+        "ttft_p90_ms": ms(percentile(ttfts, 90)),
+        "ttft_p99_ms": ms(percentile(ttfts, 99)),
+        "e2e_p50_ms": ms(percentile(e2es, 50)),
+        "e2e_p99_ms": ms(percentile(e2es, 99)),
+        "throughput_rps": round(len(ok) / wall, 3) if wall else 0.0,
+        "output_tokens_per_s": round(out_tokens / wall, 1) if wall else 0.0,
+        "imbalance": round(imbalance(served) or 0.0, 3),
+        "per_replica_requests": served,
+        "per_replica_hit_rate": [
+            round(s["cached_tokens"] / s["prompt_tokens"], 3) if s["prompt_tokens"] else 0.0
+            for s in stats
+        ],
+    }
+    return result
+
+
+def write_json(result: dict, path: str | None) -> None:
+    text = json.dumps(result, indent=2)
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text + "\n")
+    print(text)

@@ -1,0 +1,27 @@
+"""Figures of a run: percentiles, hit rates, imbalance. Pure."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100); None for no data."""
+    if not values:
+        return None
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, math.ceil(q / 100.0 * len(s)) - 1))
+    return s[k]
+
+
+def imbalance(counts: Sequence[float]) -> float | None:
+    """max / mean of per-replica requests served."""
+    if not counts or sum(counts) == 0:
+        return None
+    mean = sum(counts) / len(counts)
+    return max(counts) / mean
+
+
+def ms(x: float | None) -> float | None:
+    return None if x is None else round(x * 1000.0, 2)
