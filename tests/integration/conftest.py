@@ -1,0 +1,45 @@
+"""Real processes on 127.0.0.1: engine simulators and routers, started per test."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bench.fleet import Fleet
+
+
+@pytest.fixture
+async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
+    f = Fleet(tmp_path / "logs")
+    try:
+        yield f
+    finally:
+        await f.close()
+
+
+MODEL = "test-model"
+
+
+async def start_sims(
+    fleet: Fleet,
+    n: int,
+    *,
+    profile: str = "fast",
+    kv: int = 100_000,
+    time_scale: float = 1.0,
+    extra: list[str] | None = None,
+) -> list[str]:
+    urls = []
+    for i in range(n):
+        p = await fleet.start_sim(
+            f"sim{i}",
+            model=MODEL,
+            kv_capacity=kv,
+            profile=profile,
+            time_scale=time_scale,
+            extra=extra,
+        )
+        urls.append(p.url)
+    return urls

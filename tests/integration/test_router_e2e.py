@@ -1,0 +1,316 @@
+"""The router against real simulator processes: routing, streaming, errors, failover."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from bench.fleet import Fleet, free_port, wait_healthy
+
+from .conftest import MODEL, start_sims
+
+pytestmark = pytest.mark.slow
+
+SYSTEM = "You are a careful assistant. " * 120  # ~3,500 bytes: many blocks
+
+
+async def post(s: aiohttp.ClientSession, url: str, path: str, body: object, **kw):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    async with s.post(
+        url + path, data=data, headers={"Content-Type": "application/json"}, **kw
+    ) as r:
+        return r.status, r.headers, await r.read()
+
+
+def chat(user: str, system: str = SYSTEM, **kw) -> dict:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        "max_tokens": 8,
+        **kw,
+    }
+
+
+async def test_shared_prefix_lands_on_the_owner_and_hits(fleet: Fleet):
+    sims = await start_sims(fleet, 4)
+    router = await fleet.start_router("router", sims, policy="prefix", kv_capacity=100_000)
+    async with aiohttp.ClientSession() as s:
+        st, h1, b1 = await post(s, router.url, "/v1/chat/completions", chat("first question"))
+        assert st == 200, b1
+        assert h1["x-route-reason"] == "miss"
+        st, h2, b2 = await post(s, router.url, "/v1/chat/completions", chat("second question"))
+        assert st == 200, b2
+        assert h2["x-routed-to"] == h1["x-routed-to"]
+        assert h2["x-route-reason"] == "hit"
+        usage = json.loads(b2)["usage"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] >= 800
+
+
+async def test_multi_turn_next_turn_matches_the_generating_replica(fleet: Fleet):
+    sims = await start_sims(fleet, 4)
+    router = await fleet.start_router("router", sims, policy="prefix", kv_capacity=100_000)
+    async with aiohttp.ClientSession() as s:
+        msgs = [{"role": "user", "content": "tell me a long story " * 40}]
+        st, h1, b1 = await post(
+            s,
+            router.url,
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": msgs, "max_tokens": 200},
+        )
+        assert st == 200
+        r1 = json.loads(b1)
+        answer = r1["choices"][0]["message"]["content"]
+        msgs2 = [
+            *msgs,
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": "and then?"},
+        ]
+        st, h2, b2 = await post(
+            s,
+            router.url,
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": msgs2, "max_tokens": 8},
+        )
+        assert st == 200
+        assert h2["x-routed-to"] == h1["x-routed-to"]
+        cached = json.loads(b2)["usage"]["prompt_tokens_details"]["cached_tokens"]
+        # the answer's tokens are cached too, not only the first prompt
+        assert cached > r1["usage"]["prompt_tokens"] + 100
+
+
+async def test_streaming_is_passed_through_chunk_by_chunk(fleet: Fleet):
+    sims = await start_sims(fleet, 1)
+    router = await fleet.start_router("router", sims, policy="prefix", kv_capacity=100_000)
+    body = chat("stream please", max_tokens=60, stream=True)
+    async with aiohttp.ClientSession() as s:
+        async with s.post(router.url + "/v1/chat/completions", json=body) as r:
+            assert r.status == 200
+            assert r.headers["Content-Type"].startswith("text/event-stream")
+            arrivals = []
+            events = []
+            async for line in r.content:
+                if line.startswith(b"data:"):
+                    arrivals.append(time.perf_counter())
+                    events.append(line[5:].strip())
+    assert events[-1] == b"[DONE]"
+    pieces = [
+        json.loads(e)["choices"][0]["delta"].get("content", "")
+        for e in events[:-1]
+        if json.loads(e)["choices"]
+    ]
+    assert len("".join(pieces)) > 0
+    # 60 decode steps of the fast profile take well over 50 ms; a buffering proxy would
+    # deliver every event at once.
+    assert arrivals[-1] - arrivals[0] > 0.05
+
+
+async def test_bad_input_gets_openai_errors(fleet: Fleet, tmp_path: Path):
+    sims = await start_sims(fleet, 1)
+    cfg = tmp_path / "router.yaml"
+    cfg.write_text("max_body_bytes: 20000\n")
+    router = await fleet.start_router(
+        "router",
+        sims,
+        policy="prefix",
+        kv_capacity=100_000,
+        extra=["--config", str(cfg), "--model", MODEL],
+    )
+    cases = [
+        ("/v1/chat/completions", b"{not json", 400),
+        ("/v1/chat/completions", {"model": MODEL}, 400),
+        ("/v1/completions", {"model": MODEL}, 400),
+        ("/v1/completions", {"model": MODEL, "prompt": "x" * 30000}, 413),
+        ("/v1/completions", {"model": "no-such-model", "prompt": "hi"}, 404),
+        ("/v1/chat/completions", {"model": MODEL, "messages": "hi"}, 400),
+        ("/v1/nothing-here", {"model": MODEL}, 404),
+    ]
+    async with aiohttp.ClientSession() as s:
+        for path, body, want in cases:
+            st, _h, raw = await post(s, router.url, path, body)
+            assert st == want, (path, body, raw)
+            err = json.loads(raw)["error"]
+            assert err["message"] and err["type"]
+        # engine-side validation errors pass through as the engine said them
+        st, _h, raw = await post(
+            s, router.url, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": -1}
+        )
+        assert st == 400
+        async with s.get(router.url + "/v1/models") as r:
+            assert r.status == 200
+            assert [m["id"] for m in (await r.json())["data"]] == [MODEL]
+
+
+async def test_no_healthy_backend_is_503_with_retry_after(fleet: Fleet):
+    dead = f"http://127.0.0.1:{free_port()}"
+    router = await fleet.start_router("router", [dead], policy="prefix", kv_capacity=1000, extra=[])
+    async with aiohttp.ClientSession() as s:
+        st, h, raw = await post(s, router.url, "/v1/completions", {"model": MODEL, "prompt": "x"})
+        assert st == 503
+        assert int(h["Retry-After"]) >= 1
+        assert json.loads(raw)["error"]["message"]
+        async with s.get(router.url + "/readyz") as r:
+            assert r.status == 503
+
+
+async def test_upstream_timeout_is_504(fleet: Fleet, tmp_path: Path):
+    # a real-time 70B profile with a long prompt and many tokens: far slower than 0.3 s
+    sims = await start_sims(fleet, 1, profile="llama-3.1-70b-h100", time_scale=5.0)
+    cfg = tmp_path / "router.yaml"
+    cfg.write_text("upstream_timeout_s: 0.3\n")
+    router = await fleet.start_router(
+        "router", sims, policy="prefix", kv_capacity=100_000, extra=["--config", str(cfg)]
+    )
+    async with aiohttp.ClientSession() as s:
+        st, _h, raw = await post(
+            s,
+            router.url,
+            "/v1/completions",
+            {"model": MODEL, "prompt": "slow " * 3000, "max_tokens": 400},
+        )
+        assert st == 504, raw
+        assert json.loads(raw)["error"]["type"] == "timeout"
+
+
+async def test_failover_mid_load_loses_no_request(fleet: Fleet):
+    sims = await start_sims(fleet, 3, time_scale=3.0)
+    router = await fleet.start_router("router", sims, policy="prefix", kv_capacity=100_000)
+    victim = fleet.procs[0]
+    results: list[int] = []
+
+    async def client(s: aiohttp.ClientSession, k: int) -> None:
+        for i in range(12):
+            st, _h, _b = await post(
+                s,
+                router.url,
+                "/v1/chat/completions",
+                chat(f"client {k} question {i}", system=f"tenant {k % 6} " * 200, max_tokens=20),
+            )
+            results.append(st)
+
+    async with aiohttp.ClientSession() as s:
+        load = asyncio.gather(*(client(s, k) for k in range(12)))
+        await asyncio.sleep(0.8)
+        os.killpg(victim.process.pid, signal.SIGKILL)
+        await load
+    assert len(results) == 144
+    assert set(results) == {200}, results
+
+
+async def test_client_disconnect_cancels_upstream(fleet: Fleet):
+    sims = await start_sims(fleet, 1, time_scale=5.0)
+    router = await fleet.start_router("router", sims, policy="prefix", kv_capacity=100_000)
+    async with aiohttp.ClientSession() as s:
+        r = await s.post(
+            router.url + "/v1/chat/completions",
+            json=chat("go on forever", max_tokens=2000, stream=True),
+        )
+        assert r.status == 200
+        await r.content.readline()
+        r.close()  # the client goes away mid-stream
+        deadline = time.monotonic() + 5
+        running = None
+        while time.monotonic() < deadline:
+            async with s.get(sims[0] + "/stats") as st:
+                stats = await st.json()
+            running = stats["running"] + stats["waiting"]
+            if running == 0:
+                break
+            await asyncio.sleep(0.1)
+        assert running == 0
+
+
+async def test_ejection_and_readmission(fleet: Fleet, tmp_path: Path):
+    sims = await start_sims(fleet, 2)
+    cfg = tmp_path / "router.yaml"
+    cfg.write_text(
+        "health: {probe_interval_s: 0.2, eject_after_failures: 2, readmit_after_s: 0.5}\n"
+    )
+    router = await fleet.start_router(
+        "router", sims, policy="prefix", kv_capacity=100_000, extra=["--config", str(cfg)]
+    )
+    victim = fleet.procs[0]
+    port = int(victim.url.rsplit(":", 1)[1])
+    async with aiohttp.ClientSession() as s:
+
+        async def healthy() -> int:
+            async with s.get(router.url + "/readyz") as r:
+                return (await r.json())["healthy_backends"]
+
+        assert await healthy() == 2
+        os.killpg(victim.process.pid, signal.SIGKILL)
+        await victim.process.wait()
+        for _ in range(50):
+            if await healthy() == 1:
+                break
+            await asyncio.sleep(0.1)
+        assert await healthy() == 1
+        # every request still succeeds, on the survivor
+        for i in range(5):
+            st, h, _b = await post(
+                s,
+                router.url,
+                "/v1/completions",
+                {"model": MODEL, "prompt": f"hello {i}" * 50, "max_tokens": 2},
+            )
+            assert st == 200 and h["x-routed-to"] == sims[1]
+        # the backend comes back on the same port and is re-admitted
+        import sys
+
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "engine_sim",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--model",
+            MODEL,
+            "--profile",
+            "fast",
+            start_new_session=True,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        try:
+            from bench.fleet import Proc
+
+            await wait_healthy(Proc("sim0b", victim.url, proc, tmp_path / "x.log"), "/health", 20)
+            for _ in range(50):
+                if await healthy() == 2:
+                    break
+                await asyncio.sleep(0.1)
+            assert await healthy() == 2
+        finally:
+            proc.terminate()
+            await proc.wait()
+
+
+async def test_metrics_and_probes(fleet: Fleet):
+    sims = await start_sims(fleet, 2)
+    router = await fleet.start_router("router", sims, policy="prefix", kv_capacity=100_000)
+    async with aiohttp.ClientSession() as s:
+        await post(s, router.url, "/v1/chat/completions", chat("one"))
+        await post(s, router.url, "/v1/chat/completions", chat("two"))
+        async with s.get(router.url + "/metrics") as r:
+            text = await r.text()
+        async with s.get(router.url + "/healthz") as r:
+            assert r.status == 200
+    for name in (
+        "prefix_router_requests_total",
+        "prefix_router_routing_decisions_total",
+        "prefix_router_estimated_hit_ratio",
+        "prefix_router_ttft_seconds_bucket",
+        "prefix_router_inflight",
+        "prefix_router_cache_prediction_error_tokens_bucket",
+        "prefix_router_reported_cached_tokens_total",
+    ):
+        assert name in text, name
+    assert 'decision="hit"' in text
