@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 from engine_sim.chat import render_chat
 from engine_sim.kvcache import PrefixCache
-from engine_sim.tokenizer import tokenize
+from engine_sim.tokenizer import count_tokens
 
 
 def oracle_hit_rate(
@@ -19,7 +19,7 @@ def oracle_hit_rate(
     cache = PrefixCache(capacity_tokens, block_size)
     prompt = cached = 0
     for msgs in sent:
-        tokens = tokenize(render_chat(msgs, None))
-        prompt += len(tokens)
-        cached += cache.access(tokens)
+        seq = render_chat(msgs, None).encode()
+        prompt += count_tokens(seq)
+        cached += cache.access(seq)
     return cached / prompt if prompt else 0.0

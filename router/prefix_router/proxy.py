@@ -47,6 +47,10 @@ class _Retryable(Exception):
     pass
 
 
+def _timeout(s_timeout: float) -> RequestError:
+    return RequestError(504, f"the upstream did not answer within {s_timeout}s")
+
+
 def upstream_headers(request: web.Request) -> dict[str, str]:
     return {k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST}
 
@@ -99,15 +103,13 @@ async def _attempt(
     try:
         try:
             upstream = await session.post(backend + path, data=raw, headers=headers)
+        except TimeoutError:
+            metrics.requests.labels(backend, "timeout").inc()
+            raise _timeout(s.upstream_timeout_s) from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
             router.backends.report_failure(backend, f"connect: {exc!r}")
             metrics.requests.labels(backend, "connect_error").inc()
             raise _Retryable(f"{type(exc).__name__}: {exc}") from None
-        except TimeoutError:
-            metrics.requests.labels(backend, "timeout").inc()
-            raise RequestError(
-                504, f"the upstream did not answer within {s.upstream_timeout_s}s"
-            ) from None
         async with upstream:
             if upstream.status in _RETRY_STATUS:
                 body = await upstream.read()
@@ -118,16 +120,14 @@ async def _attempt(
                 return await _stream(request, plan, router, upstream, backend, prefill)
             try:
                 body = await upstream.read()
+            except TimeoutError:
+                metrics.requests.labels(backend, "timeout").inc()
+                raise _timeout(s.upstream_timeout_s) from None
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                 # Nothing was sent to the client yet, so another backend can still serve it.
                 router.backends.report_failure(backend, f"read: {exc!r}")
                 metrics.requests.labels(backend, "read_error").inc()
                 raise _Retryable(f"{type(exc).__name__}: {exc}") from None
-            except TimeoutError:
-                metrics.requests.labels(backend, "timeout").inc()
-                raise RequestError(
-                    504, f"the upstream did not answer within {s.upstream_timeout_s}s"
-                ) from None
             first = True
             router.first_byte(backend, prefill)
             metrics.ttft.observe(time.perf_counter() - plan.started)
@@ -171,15 +171,13 @@ async def _stream(
     # retried elsewhere.
     try:
         chunk = await content.readany()
+    except TimeoutError:
+        metrics.requests.labels(backend, "timeout").inc()
+        raise _timeout(s.upstream_timeout_s) from None
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
         router.backends.report_failure(backend, f"stream: {exc!r}")
         metrics.requests.labels(backend, "read_error").inc()
         raise _Retryable(f"{type(exc).__name__}: {exc}") from None
-    except TimeoutError:
-        metrics.requests.labels(backend, "timeout").inc()
-        raise RequestError(
-            504, f"the upstream did not answer within {s.upstream_timeout_s}s"
-        ) from None
     if not chunk:
         router.backends.report_failure(backend, "empty stream")
         raise _Retryable("the upstream closed the stream before any data")

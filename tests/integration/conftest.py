@@ -22,7 +22,7 @@ async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
 MODEL = "test-model"
 
 
-async def start_sims(
+async def _start_sims(
     fleet: Fleet,
     n: int,
     *,
@@ -43,3 +43,9 @@ async def start_sims(
         )
         urls.append(p.url)
     return urls
+
+
+@pytest.fixture
+def start_sims():
+    """An async function (fleet, n, **options) -> list of simulator URLs."""
+    return _start_sims

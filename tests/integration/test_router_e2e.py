@@ -14,9 +14,9 @@ import pytest
 
 from bench.fleet import Fleet, free_port, wait_healthy
 
-from .conftest import MODEL, start_sims
-
 pytestmark = pytest.mark.slow
+
+MODEL = "test-model"
 
 SYSTEM = "You are a careful assistant. " * 120  # ~3,500 bytes: many blocks
 
@@ -38,7 +38,7 @@ def chat(user: str, system: str = SYSTEM, **kw) -> dict:
     }
 
 
-async def test_shared_prefix_lands_on_the_owner_and_hits(fleet: Fleet):
+async def test_shared_prefix_lands_on_the_owner_and_hits(fleet: Fleet, start_sims):
     sims = await start_sims(fleet, 4)
     router = await fleet.start_router("router", sims, policy="prefix", kv_capacity=100_000)
     async with aiohttp.ClientSession() as s:
@@ -53,7 +53,7 @@ async def test_shared_prefix_lands_on_the_owner_and_hits(fleet: Fleet):
         assert usage["prompt_tokens_details"]["cached_tokens"] >= 800
 
 
-async def test_multi_turn_next_turn_matches_the_generating_replica(fleet: Fleet):
+async def test_multi_turn_next_turn_matches_the_generating_replica(fleet: Fleet, start_sims):
     sims = await start_sims(fleet, 4)
     router = await fleet.start_router("router", sims, policy="prefix", kv_capacity=100_000)
     async with aiohttp.ClientSession() as s:
@@ -85,7 +85,7 @@ async def test_multi_turn_next_turn_matches_the_generating_replica(fleet: Fleet)
         assert cached > r1["usage"]["prompt_tokens"] + 100
 
 
-async def test_streaming_is_passed_through_chunk_by_chunk(fleet: Fleet):
+async def test_streaming_is_passed_through_chunk_by_chunk(fleet: Fleet, start_sims):
     sims = await start_sims(fleet, 1)
     router = await fleet.start_router("router", sims, policy="prefix", kv_capacity=100_000)
     body = chat("stream please", max_tokens=60, stream=True)
@@ -111,7 +111,7 @@ async def test_streaming_is_passed_through_chunk_by_chunk(fleet: Fleet):
     assert arrivals[-1] - arrivals[0] > 0.05
 
 
-async def test_bad_input_gets_openai_errors(fleet: Fleet, tmp_path: Path):
+async def test_bad_input_gets_openai_errors(fleet: Fleet, start_sims, tmp_path: Path):
     sims = await start_sims(fleet, 1)
     cfg = tmp_path / "router.yaml"
     cfg.write_text("max_body_bytes: 20000\n")
@@ -147,7 +147,7 @@ async def test_bad_input_gets_openai_errors(fleet: Fleet, tmp_path: Path):
             assert [m["id"] for m in (await r.json())["data"]] == [MODEL]
 
 
-async def test_no_healthy_backend_is_503_with_retry_after(fleet: Fleet):
+async def test_no_healthy_backend_is_503_with_retry_after(fleet: Fleet, start_sims):
     dead = f"http://127.0.0.1:{free_port()}"
     router = await fleet.start_router("router", [dead], policy="prefix", kv_capacity=1000, extra=[])
     async with aiohttp.ClientSession() as s:
@@ -159,7 +159,7 @@ async def test_no_healthy_backend_is_503_with_retry_after(fleet: Fleet):
             assert r.status == 503
 
 
-async def test_upstream_timeout_is_504(fleet: Fleet, tmp_path: Path):
+async def test_upstream_timeout_is_504(fleet: Fleet, start_sims, tmp_path: Path):
     # a real-time 70B profile with a long prompt and many tokens: far slower than 0.3 s
     sims = await start_sims(fleet, 1, profile="llama-3.1-70b-h100", time_scale=5.0)
     cfg = tmp_path / "router.yaml"
@@ -178,7 +178,7 @@ async def test_upstream_timeout_is_504(fleet: Fleet, tmp_path: Path):
         assert json.loads(raw)["error"]["type"] == "timeout"
 
 
-async def test_failover_mid_load_loses_no_request(fleet: Fleet):
+async def test_failover_mid_load_loses_no_request(fleet: Fleet, start_sims):
     sims = await start_sims(fleet, 3, time_scale=3.0)
     router = await fleet.start_router("router", sims, policy="prefix", kv_capacity=100_000)
     victim = fleet.procs[0]
@@ -203,7 +203,7 @@ async def test_failover_mid_load_loses_no_request(fleet: Fleet):
     assert set(results) == {200}, results
 
 
-async def test_client_disconnect_cancels_upstream(fleet: Fleet):
+async def test_client_disconnect_cancels_upstream(fleet: Fleet, start_sims):
     sims = await start_sims(fleet, 1, time_scale=5.0)
     router = await fleet.start_router("router", sims, policy="prefix", kv_capacity=100_000)
     async with aiohttp.ClientSession() as s:
@@ -226,7 +226,7 @@ async def test_client_disconnect_cancels_upstream(fleet: Fleet):
         assert running == 0
 
 
-async def test_ejection_and_readmission(fleet: Fleet, tmp_path: Path):
+async def test_ejection_and_readmission(fleet: Fleet, start_sims, tmp_path: Path):
     sims = await start_sims(fleet, 2)
     cfg = tmp_path / "router.yaml"
     cfg.write_text(
@@ -293,7 +293,7 @@ async def test_ejection_and_readmission(fleet: Fleet, tmp_path: Path):
             await proc.wait()
 
 
-async def test_metrics_and_probes(fleet: Fleet):
+async def test_metrics_and_probes(fleet: Fleet, start_sims):
     sims = await start_sims(fleet, 2)
     router = await fleet.start_router("router", sims, policy="prefix", kv_capacity=100_000)
     async with aiohttp.ClientSession() as s:

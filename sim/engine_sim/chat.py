@@ -1,0 +1,47 @@
+"""A chat template: how messages become one prompt, as an engine's template would do it.
+
+Tools first (templates put them in the system preamble), then every message as a role-tagged
+record in order, then the generation prompt. So a shared system prompt is a shared prompt
+prefix, and prompt + answer is a prefix of the next turn's prompt.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+GENERATION_PROMPT = "<|start|>assistant\n"
+
+
+def _content(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "text":
+                out.append(str(part.get("text", "")))
+            else:
+                out.append(json.dumps(part, sort_keys=True, separators=(",", ":")))
+        return "".join(out)
+    raise ValueError("content must be a string or a list of content parts")
+
+
+def render_message(msg: dict[str, Any]) -> str:
+    text = _content(msg.get("content"))
+    if msg.get("tool_calls"):
+        text += json.dumps(msg["tool_calls"], sort_keys=True, separators=(",", ":"))
+    return f"<|start|>{msg['role']}\n{text}<|end|>\n"
+
+
+def render_chat(messages: list[dict[str, Any]], tools: list[Any] | None = None) -> str:
+    parts = []
+    if tools:
+        parts.append(
+            "<|tools|>" + json.dumps(tools, sort_keys=True, separators=(",", ":")) + "<|end|>\n"
+        )
+    parts.extend(render_message(m) for m in messages)
+    parts.append(GENERATION_PROMPT)
+    return "".join(parts)

@@ -1,0 +1,67 @@
+"""Prometheus metrics under vLLM's names (V1 engine), labelled with model_name."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+_E2E = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
+
+
+class EngineMetrics:
+    def __init__(self, model: str, engine) -> None:  # engine: engine.Engine
+        r = self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        self.running = Gauge(
+            "vllm:num_requests_running", "Requests in the running batch", labels, registry=r
+        )
+        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting", labels, registry=r)
+        self.kv = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage (1 = 100%)", labels, registry=r)
+        self.kv_old = Gauge(
+            "vllm:gpu_cache_usage_perc", "KV-cache usage (pre-V1 name)", labels, registry=r
+        )
+        self.queries = Counter(
+            "vllm:prefix_cache_queries", "Prefix-cache queried tokens", labels, registry=r
+        )
+        self.hits = Counter("vllm:prefix_cache_hits", "Prefix-cache hit tokens", labels, registry=r)
+        self.prompt = Counter("vllm:prompt_tokens", "Prefill tokens processed", labels, registry=r)
+        self.generation = Counter("vllm:generation_tokens", "Generation tokens", labels, registry=r)
+        self.success = Counter(
+            "vllm:request_success",
+            "Finished requests",
+            ["model_name", "finished_reason"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Time to first token",
+            labels,
+            buckets=_TTFT,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "End-to-end request latency",
+            labels,
+            buckets=_E2E,
+            registry=r,
+        )
+        m = model
+        self.running.labels(m).set_function(lambda: len(engine.running))
+        self.waiting.labels(m).set_function(lambda: len(engine.waiting))
+        self.kv.labels(m).set_function(lambda: engine.cache.usage_fraction())
+        self.kv_old.labels(m).set_function(lambda: engine.cache.usage_fraction())
+        self._m = m
+
+    def admitted(self, prompt_tokens: int, cached_tokens: int) -> None:
+        self.queries.labels(self._m).inc(prompt_tokens)
+        self.hits.labels(self._m).inc(cached_tokens)
+        self.prompt.labels(self._m).inc(prompt_tokens)
+
+    def first_token(self, seconds: float) -> None:
+        self.ttft.labels(self._m).observe(seconds)
+
+    def finished(self, seconds: float, generated: int, reason: str) -> None:
+        self.generation.labels(self._m).inc(generated)
+        self.success.labels(self._m, reason).inc()
+        self.e2e.labels(self._m).observe(seconds)

@@ -1,0 +1,365 @@
+"""The simulator's HTTP face: vLLM's OpenAI-compatible API on aiohttp."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+import xxhash
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from .chat import render_chat
+from .engine import Engine, Request
+from .metrics import EngineMetrics
+from .tokenizer import count_tokens, token_ids_to_bytes, tokenize
+
+ENGINE: web.AppKey[Engine] = web.AppKey("engine", Engine)
+METRICS: web.AppKey[EngineMetrics] = web.AppKey("metrics", EngineMetrics)
+CONF: web.AppKey[dict] = web.AppKey("conf", dict)
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
+
+
+def error(status: int, message: str, param: str | None = None) -> web.Response:
+    # vLLM's ErrorResponse: {"error": {message, type, param, code}}
+    etype = {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
+    body = {"error": {"message": message, "type": etype, "param": param, "code": status}}
+    return web.json_response(body, status=status)
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except BadRequest as e:
+        return error(e.status, str(e), e.param)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        return error(e.status, e.reason or "error")
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.read())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequest(f"JSON decode error: {e}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+def _check_model(request: web.Request, body: dict[str, Any]) -> str:
+    names = request.app[CONF]["served"]
+    model = body.get("model")
+    if model is None:
+        return names[0]
+    if not isinstance(model, str) or model not in names:
+        raise BadRequest(f"The model `{model}` does not exist.", 404, "model")
+    return model
+
+
+def _max_tokens(body: dict[str, Any], chat: bool) -> int:
+    value = body.get("max_completion_tokens") if chat else None
+    if value is None:
+        value = body.get("max_tokens")
+    if value is None:
+        return 16
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise BadRequest("max_tokens must be an integer", param="max_tokens")
+    if value < 1:
+        raise BadRequest(f"max_tokens must be at least 1, got {value}.", param="max_tokens")
+    return value
+
+
+def _prompt_bytes(body: dict[str, Any], chat: bool) -> bytes:
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("messages must be a non-empty list", param="messages")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise BadRequest(f"messages[{i}] must be an object with a role", param="messages")
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise BadRequest("tools must be a list", param="tools")
+        try:
+            return render_chat(messages, tools).encode()
+        except (ValueError, TypeError) as e:
+            raise BadRequest(str(e), param="messages") from None
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str) and prompt:
+        return prompt.encode()
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**32 for t in prompt)
+    ):
+        return token_ids_to_bytes(prompt)
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, str) for p in prompt):
+        raise BadRequest("batched prompts are not supported by the simulator", param="prompt")
+    raise BadRequest("prompt must be a non-empty string or a list of token ids", param="prompt")
+
+
+def _usage(r: Request) -> dict[str, Any]:
+    return {
+        "prompt_tokens": r.prompt_tokens,
+        "completion_tokens": r.generated,
+        "total_tokens": r.prompt_tokens + r.generated,
+        "prompt_tokens_details": {"cached_tokens": r.cached_tokens},
+    }
+
+
+async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
+    app = request.app
+    engine = app[ENGINE]
+    body = await _body(request)
+    model = _check_model(request, body)
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("stream must be a boolean", param="stream")
+    max_tokens = _max_tokens(body, chat)
+    prompt = _prompt_bytes(body, chat)
+    ptoks = count_tokens(prompt)
+    limit = app[CONF]["max_model_len"]
+    if ptoks + max_tokens > limit:
+        raise BadRequest(
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{ptoks + max_tokens} tokens ({ptoks} in the messages, {max_tokens} in the "
+            "completion). Please reduce the length of the messages or completion.",
+            param="max_tokens" if ptoks < limit else "messages",
+        )
+    if not engine.fits(ptoks, max_tokens):
+        raise BadRequest("the request needs more KV-cache blocks than the engine has")
+    seed = xxhash.xxh32_intdigest(prompt[-256:])
+    r = engine.submit(prompt, max_tokens, seed)
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+    created = int(time.time())
+    opts = body.get("stream_options")
+    include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
+    replica = app[CONF]["replica_id"]
+    try:
+        if not stream:
+            while (await r.out.get()) is not None:
+                pass
+            text = "".join(r.text)
+            if chat:
+                choice = {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": None,
+                    "finish_reason": "length",
+                    "stop_reason": None,
+                }
+            else:
+                choice = {
+                    "index": 0,
+                    "text": text,
+                    "logprobs": None,
+                    "finish_reason": "length",
+                    "stop_reason": None,
+                }
+            obj = {
+                "id": rid,
+                "object": "chat.completion" if chat else "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [choice],
+                "usage": _usage(r),
+            }
+            return web.json_response(
+                obj, headers={"x-replica-id": replica, "x-cached-tokens": str(r.cached_tokens)}
+            )
+        resp = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "x-replica-id": replica,
+            }
+        )
+        await resp.prepare(request)
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        first = True
+        while True:
+            piece = await r.out.get()
+            if piece is None:
+                break
+            if chat:
+                delta: dict[str, Any] = {"content": piece}
+                if first:
+                    delta = {"role": "assistant", "content": piece}
+                choice = {
+                    "index": 0,
+                    "delta": delta,
+                    "logprobs": None,
+                    "finish_reason": "length" if r.done and r.out.empty() else None,
+                }
+            else:
+                choice = {
+                    "index": 0,
+                    "text": piece,
+                    "logprobs": None,
+                    "finish_reason": "length" if r.done and r.out.empty() else None,
+                }
+            first = False
+            chunk = {
+                "id": rid,
+                "object": kind,
+                "created": created,
+                "model": model,
+                "choices": [choice],
+            }
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        if include_usage:
+            chunk = {
+                "id": rid,
+                "object": kind,
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": _usage(r),
+            }
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+    finally:
+        if not r.done:
+            engine.cancel(r)  # the client went away: free the slot and the blocks
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=False)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=True)
+
+
+async def models(request: web.Request) -> web.Response:
+    conf = request.app[CONF]
+    data = [
+        {
+            "id": n,
+            "object": "model",
+            "created": conf["started"],
+            "owned_by": "vllm",
+            "root": conf["served"][0],
+            "parent": None,
+            "max_model_len": conf["max_model_len"],
+        }
+        for n in conf["served"]
+    ]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def tokenize_handler(request: web.Request) -> web.Response:
+    body = await _body(request)
+    _check_model(request, body)
+    if "messages" in body:
+        text = _prompt_bytes(body, chat=True).decode()
+    elif isinstance(body.get("prompt"), str):
+        text = body["prompt"]
+    else:
+        raise BadRequest("prompt (a string) or messages is required", param="prompt")
+    tokens = tokenize(text)
+    return web.json_response(
+        {
+            "count": len(tokens),
+            "max_model_len": request.app[CONF]["max_model_len"],
+            "tokens": tokens,
+        }
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(
+        body=generate_latest(request.app[METRICS].registry),
+        headers={"Content-Type": CONTENT_TYPE_LATEST},
+    )
+
+
+async def stats(request: web.Request) -> web.Response:
+    e = request.app[ENGINE]
+    c = e.counters
+    return web.json_response(
+        {
+            "replica_id": request.app[CONF]["replica_id"],
+            "requests": c.requests,
+            "prompt_tokens": c.prompt_tokens,
+            "cached_tokens": c.cached_tokens,
+            "generation_tokens": c.generation_tokens,
+            "running": len(e.running),
+            "waiting": len(e.waiting),
+            "kv_usage": e.cache.usage_fraction(),
+            "cached_blocks": e.cache.cached_blocks(),
+        }
+    )
+
+
+async def reset(request: web.Request) -> web.Response:
+    request.app[ENGINE].reset()
+    return web.json_response({"reset": True})
+
+
+async def not_found(request: web.Request) -> web.Response:
+    # SGLang's model-info probes land here too: 404 keeps its router from fetching a tokenizer.
+    return error(404, f"Not Found: {request.path}")
+
+
+def build_app(
+    *, model: str, served: list[str], engine: Engine, max_model_len: int, replica_id: str
+) -> web.Application:
+    app = web.Application(middlewares=[json_errors], client_max_size=64 * 1024 * 1024)
+    app[ENGINE] = engine
+    m = EngineMetrics(model, engine)
+    app[METRICS] = m
+    app[CONF] = {
+        "served": served,
+        "max_model_len": max_model_len,
+        "replica_id": replica_id,
+        "started": int(time.time()),
+    }
+
+    def on_first(r: Request) -> None:
+        m.admitted(r.prompt_tokens, r.cached_tokens)
+        if r.first_token_at is not None:
+            m.first_token(r.first_token_at - r.arrived)
+
+    def on_finish(r: Request) -> None:
+        if not r.cancelled:
+            m.finished(time.perf_counter() - r.arrived, r.generated, "length")
+
+    engine._on_first_token = on_first
+    engine._on_finish = on_finish
+
+    async def lifecycle(app: web.Application):
+        engine.start()
+        yield
+        await engine.stop()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_post("/tokenize", tokenize_handler)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/stats", stats)
+    app.router.add_post("/reset", reset)
+    app.router.add_route("*", "/{tail:.*}", not_found)
+    return app
