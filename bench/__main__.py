@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--time-scale", type=float, default=1.0)
     r.add_argument("--kv-capacity", type=int)
     r.add_argument("--seed", type=int, default=7)
+    r.add_argument("--router-config", help="a router settings YAML passed to every router")
     r.add_argument("--json", dest="json_out")
     o = sub.add_parser("overhead", help="router overhead vs direct calls to a zero-latency sim")
     o.add_argument("--rate", type=float, default=500)
@@ -39,6 +40,12 @@ def main(argv: list[str] | None = None) -> None:
     s = sub.add_parser("suite", help="the committed results of bench/results")
     s.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
+    try:
+        import uvloop
+
+        uvloop.install()  # the load generator's own overhead is part of what it measures
+    except ImportError:
+        pass
 
     if args.cmd == "run":
         cfg = RunConfig(
@@ -54,6 +61,7 @@ def main(argv: list[str] | None = None) -> None:
             kv_capacity=args.kv_capacity,
             seed=args.seed,
             redis_url=args.redis_url,
+            router_args=("--config", args.router_config) if args.router_config else (),
         )
         write_json(asyncio.run(run(cfg)), args.json_out)
     elif args.cmd == "overhead":

@@ -74,6 +74,10 @@ async def _one(
                 return Result(
                     0, 0, t0, None, None, False, status, 0, None, None, url, text[:200]
                 ), ""
+            # Only the first content event is parsed on the way (it stops the TTFT clock);
+            # the rest is kept raw and parsed after the stream ends, so the client's own CPU
+            # work does not delay what it measures.
+            raw: list[bytes] = []
             async for line in r.content:
                 if not line.startswith(b"data:"):
                     continue
@@ -81,18 +85,23 @@ async def _one(
                 if data == b"[DONE]":
                     done = True
                     break
+                if ttft is None:
+                    obj = json.loads(data)
+                    for ch in obj.get("choices") or ():
+                        if (ch.get("delta") or {}).get("content"):
+                            ttft = time.perf_counter() - t0
+                raw.append(data)
+            e2e = time.perf_counter() - t0
+            for data in raw:
                 obj = json.loads(data)
                 if obj.get("usage"):
                     usage = obj["usage"]
                 for ch in obj.get("choices") or ():
                     piece = (ch.get("delta") or {}).get("content")
                     if piece:
-                        if ttft is None:
-                            ttft = time.perf_counter() - t0
                         parts.append(piece)
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         return Result(0, 0, t0, ttft, None, False, status, 0, None, None, url, repr(exc)), ""
-    e2e = time.perf_counter() - t0
     answer = "".join(parts)
     cached = prompt = None
     out_tokens = 0

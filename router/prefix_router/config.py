@@ -94,6 +94,10 @@ class RouterSettings(_Strict):
     load_bound: float = Field(default=0.25, ge=0, le=10)
     # Cost, in prefill tokens, of one request already in flight on a backend.
     load_cost_tokens: float = Field(default=256.0, ge=0)
+    # Weight of a backend's pending prefill tokens against the prefill tokens a match saves.
+    # 0.5 measured better than 1.0 on system-prompts (hit 0.80 vs 0.79, same TTFT): a pending
+    # prefill delays this request once, a miss also costs a new copy of the prefix.
+    pending_weight: float = Field(default=0.5, ge=0)
     # Hot-prefix replication: at most this many owners recorded per block (0 = no limit).
     max_owners: int = Field(default=0, ge=0)
     ttl_seconds: float = Field(default=600.0, gt=0)

@@ -25,6 +25,7 @@ class Candidate:
     inflight: float = 0.0  # requests in flight on this backend, from every source we know of
     pending_prefill: float = 0.0  # prompt tokens dispatched whose prefill has not finished
     matched_blocks: int = 0  # leading prefix blocks the table says this backend holds
+    occupancy: float = 0.0  # share of its KV capacity the table thinks is in use (0..1)
 
 
 @dataclass(slots=True)
@@ -57,15 +58,22 @@ def choose_prefix(
     eps: float,
     load_cost_tokens: float,
     key: int,
+    pending_weight: float = 1.0,
 ) -> Decision:
     if not cands:
         raise ValueError("no candidates")
     limit = load_limit(cands, eps)
     best_match = max(c.matched_blocks for c in cands)
 
-    def rank(c: Candidate) -> tuple[float, float, int]:
-        score = c.matched_blocks * block_tokens - c.pending_prefill - load_cost_tokens * c.inflight
-        return (score, -c.inflight, tiebreak(key, c.name))
+    def rank(c: Candidate) -> tuple[float, float, float, int]:
+        score = (
+            c.matched_blocks * block_tokens
+            - pending_weight * c.pending_prefill
+            - load_cost_tokens * c.inflight
+        )
+        # Ties: fewer in flight, then the emptier cache (a new prefix there evicts less that
+        # is still wanted), then a hash of the prefix so ties spread instead of piling up.
+        return (score, -c.inflight, -round(c.occupancy, 2), tiebreak(key, c.name))
 
     allowed = [c for c in cands if c.inflight + 1 <= limit]
     held = [c for c in cands if c.inflight + 1 > limit]

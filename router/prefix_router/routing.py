@@ -104,9 +104,14 @@ class Router:
         load = self.load
         if self._uses_table:
             matches = await self.store.lookup(parsed.model, hashes) if hashes else {}
+            occupancy = self.store.occupancy
             cands = [
                 Candidate(
-                    b.url, load.inflight(b.url), load.pending_prefill(b.url), matches.get(b.url, 0)
+                    b.url,
+                    load.inflight(b.url),
+                    load.pending_prefill(b.url),
+                    matches.get(b.url, 0),
+                    occupancy(parsed.model, b.url),
                 )
                 for b in healthy
             ]
@@ -117,6 +122,7 @@ class Router:
                 eps=s.load_bound,
                 load_cost_tokens=s.load_cost_tokens,
                 key=key,
+                pending_weight=s.pending_weight,
             )
         else:
             cands = [

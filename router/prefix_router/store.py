@@ -17,6 +17,7 @@ class TableStore(Protocol):
     async def lookup(self, model: str, hashes: Sequence[int]) -> dict[str, int]: ...
     def record(self, model: str, hashes: Sequence[int], backend: str) -> None: ...
     def drop_backend(self, backend: str) -> None: ...
+    def occupancy(self, model: str, backend: str) -> float: ...
     def expire(self) -> int: ...
     def entries(self) -> int: ...
     @property
@@ -55,6 +56,13 @@ class LocalStore:
     def record(self, model: str, hashes: Sequence[int], backend: str) -> None:
         if hashes:
             self.table(model).record(hashes, backend, self._clock())
+
+    def occupancy(self, model: str, backend: str) -> float:
+        t = self._tables.get(model)
+        cap = self._args[1]
+        if t is None or cap <= 0:
+            return 0.0
+        return t.owned_tokens(backend) / cap
 
     def drop_backend(self, backend: str) -> None:
         for t in self._tables.values():
