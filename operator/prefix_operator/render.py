@@ -1,0 +1,510 @@
+"""Manifests of everything a PrefixRoutedModel owns, as plain dicts: pure, no I/O.
+
+Each object is rendered whole and applied with server-side apply, so re-rendering is the way to
+repair drift and to roll a spec change: an object whose rendering did not change is a no-op on
+the API server (no new generation, no rollout).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import yaml
+
+from . import API_VERSION, KIND
+from .config import OperatorConfig
+from .naming import (
+    CACHE_STORE,
+    CONFIG_HASH_ANNOTATION,
+    MODEL_SERVER,
+    REDIS_PORT,
+    ROUTER,
+    ROUTER_PORT,
+    hpa_name,
+    labels,
+    model_server_name,
+    redis_name,
+    router_name,
+    selector_labels,
+    store_url,
+)
+from .spec import Model
+
+Manifest = dict[str, Any]
+
+ROUTER_CONFIG_DIR = "/etc/prefix-router"
+ROUTER_CONFIG_FILE = "router.yaml"
+MODELS_MOUNT = "/models"
+HF_HOME = "/root/.cache/huggingface"
+REDIS_PASSWORD_ENV = "REDIS_PASSWORD"
+CACHE_PRESSURE_METRIC = "prefixrouter_cache_pressure"
+LOAD_METRIC = "prefixrouter_load"
+
+# Env names the operator sets on the engine container; user env must not shadow them.
+ENGINE_ENV = (
+    "PREFIXROUTER_MODEL_NAME",
+    "PREFIXROUTER_MODEL_SOURCE",
+    "PREFIXROUTER_ENGINE_PORT",
+    "PREFIXROUTER_BLOCK_SIZE",
+    "HF_HOME",
+    "HF_TOKEN",
+)
+
+# (apiVersion, kind) of every kind the operator may own, in apply order: identities and
+# config before the workloads that mount or use them.
+CHILD_KINDS: tuple[tuple[str, str], ...] = (
+    ("v1", "ServiceAccount"),
+    ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("v1", "ConfigMap"),
+    ("v1", "Service"),
+    ("apps/v1", "Deployment"),
+    ("policy/v1", "PodDisruptionBudget"),
+    ("autoscaling/v2", "HorizontalPodAutoscaler"),
+)
+
+
+def owner_reference(model: Model) -> dict[str, Any]:
+    # controller=true makes the model the one managing owner; blockOwnerDeletion lets a
+    # foreground deletion of the model wait for its children.
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": model.name,
+        "uid": model.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _meta(model: Model, name: str, component: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": model.namespace,
+        "labels": labels(model, component),
+        "ownerReferences": [owner_reference(model)],
+        **extra,
+    }
+
+
+def _obj(api_version: str, kind: str, metadata: dict[str, Any], **body: Any) -> Manifest:
+    return {"apiVersion": api_version, "kind": kind, "metadata": metadata, **body}
+
+
+# --------------------------------------------------------------------------- model servers
+
+
+def engine_model_arg(model: Model) -> str:
+    """What the engine loads: a Hugging Face id, or a path under the PVC mount."""
+    source = model.spec.model.source
+    if source.startswith("pvc://"):
+        _, _, path = source[len("pvc://"):].partition("/")
+        return f"{MODELS_MOUNT}/{path}".rstrip("/")
+    return source.removeprefix("hf://")
+
+
+def pvc_claim(model: Model) -> str | None:
+    source = model.spec.model.source
+    if not source.startswith("pvc://"):
+        return None
+    return source[len("pvc://"):].partition("/")[0]
+
+
+def engine_image(model: Model, cfg: OperatorConfig) -> str:
+    engine = model.spec.engine
+    if engine.image:
+        return engine.image
+    return cfg.sglang_image if engine.type == "sglang" else cfg.vllm_image
+
+
+def engine_command_args(model: Model) -> tuple[list[str] | None, list[str]]:
+    """(command, args) of the engine container; command None keeps the image's entrypoint."""
+    spec = model.spec
+    engine = spec.engine
+    served = spec.model.name
+    block = str(spec.router.block_size)
+    gpus = spec.resources.gpus
+    if engine.type == "vllm":
+        # Prefix caching and a block size equal to the router's: the router's block hashes then
+        # line up with the engine's KV blocks, which is what makes a predicted hit a real one.
+        args = [engine_model_arg(model), "--served-model-name", served,
+                "--host", "0.0.0.0", "--port", str(engine.port),
+                "--enable-prefix-caching", "--block-size", block]
+        if gpus > 1:
+            args += ["--tensor-parallel-size", str(gpus)]
+        if spec.model.revision:
+            args += ["--revision", spec.model.revision]
+        return ["vllm", "serve"], args + list(engine.args)
+    if engine.type == "sglang":
+        # SGLang's radix cache is its prefix cache (on by default); --page-size is its block.
+        args = ["--model-path", engine_model_arg(model), "--served-model-name", served,
+                "--host", "0.0.0.0", "--port", str(engine.port), "--page-size", block]
+        if gpus > 1:
+            args += ["--tp-size", str(gpus)]
+        if spec.model.revision:
+            args += ["--revision", spec.model.revision]
+        return ["python3", "-m", "sglang.launch_server"], args + list(engine.args)
+    return None, list(engine.args)
+
+
+def _engine_env(model: Model) -> list[dict[str, Any]]:
+    spec = model.spec
+    env: list[dict[str, Any]] = [
+        # Custom images read these; vLLM and SGLang get the same facts as arguments.
+        {"name": "PREFIXROUTER_MODEL_NAME", "value": spec.model.name},
+        {"name": "PREFIXROUTER_MODEL_SOURCE", "value": engine_model_arg(model)},
+        {"name": "PREFIXROUTER_ENGINE_PORT", "value": str(spec.engine.port)},
+        {"name": "PREFIXROUTER_BLOCK_SIZE", "value": str(spec.router.block_size)},
+    ]
+    if pvc_claim(model) is None:
+        env.append({"name": "HF_HOME", "value": HF_HOME})
+    ref = spec.model.hf_token_secret_ref
+    if ref is not None:
+        env.append({"name": "HF_TOKEN",
+                    "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    env += [{"name": e.name, "value": e.value} for e in spec.engine.env]
+    return env
+
+
+def _probe(path: str, port: str, *, period: int, failures: int, timeout: int = 5,
+           initial: int = 0) -> dict[str, Any]:
+    probe: dict[str, Any] = {
+        "httpGet": {"path": path, "port": port},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+        "timeoutSeconds": timeout,
+    }
+    if initial:
+        probe["initialDelaySeconds"] = initial
+    return probe
+
+
+def model_server_deployment(model: Model, cfg: OperatorConfig) -> Manifest:
+    spec = model.spec
+    res = spec.resources
+    engine = spec.engine
+    command, args = engine_command_args(model)
+    requests: dict[str, str] = {"cpu": res.cpu, "memory": res.memory}
+    limits: dict[str, str] = {"memory": res.memory}
+    if res.gpus > 0:
+        # Extended resources must be requested and limited alike.
+        requests[res.gpu_resource_name] = str(res.gpus)
+        limits[res.gpu_resource_name] = str(res.gpus)
+    container: dict[str, Any] = {
+        "name": "engine",
+        "image": engine_image(model, cfg),
+        "args": args,
+        "env": _engine_env(model),
+        "ports": [{"name": "http", "containerPort": engine.port, "protocol": "TCP"}],
+        "resources": {"requests": requests, "limits": limits},
+        # Model download and loading can take many minutes: the startup probe allows
+        # startupTimeoutSeconds before liveness starts counting.
+        "startupProbe": _probe(engine.health_path, "http", period=10,
+                               failures=max(1, -(-engine.startup_timeout_seconds // 10))),
+        "readinessProbe": _probe(engine.health_path, "http", period=5, failures=3),
+        "livenessProbe": _probe(engine.health_path, "http", period=10, failures=6),
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    if command is not None:
+        container["command"] = command
+    volumes: list[dict[str, Any]] = [
+        # /dev/shm is 64Mi by default; tensor-parallel workers and NCCL need far more.
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": res.shared_memory_size}},
+    ]
+    claim = pvc_claim(model)
+    if claim is not None:
+        volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": claim,
+                                                                   "readOnly": True}})
+        container["volumeMounts"].append({"name": "model", "mountPath": MODELS_MOUNT,
+                                          "readOnly": True})
+    else:
+        volumes.append({"name": "model-cache", "emptyDir": {}})
+        container["volumeMounts"].append({"name": "model-cache", "mountPath": HF_HOME})
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": volumes,
+        # Service links would inject e.g. VLLM_PORT=tcp://... for a Service named vllm, which
+        # vLLM reads as its own setting and crashes on.
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 60,
+    }
+    if res.node_selector:
+        pod_spec["nodeSelector"] = dict(res.node_selector)
+    if res.tolerations:
+        pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True)
+                                   for t in res.tolerations]
+    return _obj("apps/v1", "Deployment", _meta(model, model_server_name(model), MODEL_SERVER),
+                spec={
+                    "replicas": spec.replicas,
+                    "selector": {"matchLabels": selector_labels(model, MODEL_SERVER)},
+                    # A new pod must be Ready before an old one goes: no capacity dip while a
+                    # slow-loading model rolls (costs one spare GPU set during the roll).
+                    "strategy": {"type": "RollingUpdate",
+                                 "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+                    "template": {
+                        "metadata": {"labels": labels(model, MODEL_SERVER)},
+                        "spec": pod_spec,
+                    },
+                })
+
+
+def model_server_service(model: Model) -> Manifest:
+    # Headless: the routers pick the replica themselves, from this Service's EndpointSlices.
+    return _obj("v1", "Service", _meta(model, model_server_name(model), MODEL_SERVER), spec={
+        "clusterIP": "None",
+        "selector": selector_labels(model, MODEL_SERVER),
+        "ports": [{"name": "http", "port": model.spec.engine.port, "targetPort": "http",
+                   "protocol": "TCP"}],
+    })
+
+
+def _pdb(model: Model, name: str, component: str) -> Manifest:
+    # maxUnavailable 1 (not minAvailable) so that a single-replica component never blocks a
+    # node drain forever, while a drain still takes replicas one at a time.
+    return _obj("policy/v1", "PodDisruptionBudget", _meta(model, name, component), spec={
+        "maxUnavailable": 1,
+        "selector": {"matchLabels": selector_labels(model, component)},
+    })
+
+
+# --------------------------------------------------------------------------- router
+
+
+def router_settings(model: Model) -> dict[str, Any]:
+    """router.yaml: the keys of prefix_router.config.RouterSettings."""
+    spec = model.spec
+    r = spec.router
+    store: dict[str, Any] = {"mode": "redis", "url": store_url(model)}
+    if spec.cache_store.type == "external" and spec.cache_store.password_secret_ref:
+        store["password_env"] = REDIS_PASSWORD_ENV
+    return {
+        "host": "0.0.0.0",
+        "port": ROUTER_PORT,
+        "models": [spec.model.name],
+        "policy": "prefix",
+        "block_size": r.block_size,
+        "bytes_per_token": r.bytes_per_token,
+        "load_bound": r.load_bound,
+        "max_owners": r.max_owners,
+        "ttl_seconds": r.ttl_seconds,
+        "kv_capacity_tokens": r.kv_capacity_tokens,
+        "model_key": model.key,
+        "discovery": {
+            "mode": "kubernetes",
+            "namespace": model.namespace,
+            "service": model_server_name(model),
+            "port": spec.engine.port,
+        },
+        "store": store,
+    }
+
+
+def router_config_text(model: Model) -> str:
+    return yaml.safe_dump(router_settings(model), sort_keys=True)
+
+
+def config_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def router_configmap(model: Model) -> Manifest:
+    return _obj("v1", "ConfigMap", _meta(model, router_name(model), ROUTER),
+                data={ROUTER_CONFIG_FILE: router_config_text(model)})
+
+
+def router_deployment(model: Model, cfg: OperatorConfig) -> Manifest:
+    spec = model.spec
+    r = spec.router
+    env: list[dict[str, Any]] = []
+    ref = spec.cache_store.password_secret_ref
+    if spec.cache_store.type == "external" and ref is not None:
+        env.append({"name": REDIS_PASSWORD_ENV,
+                    "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    container: dict[str, Any] = {
+        "name": "router",
+        "image": r.image or cfg.router_image,
+        "command": ["prefix-router"],
+        "args": ["--config", f"{ROUTER_CONFIG_DIR}/{ROUTER_CONFIG_FILE}"],
+        "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": r.cpu, "memory": r.memory},
+                      "limits": {"memory": r.memory}},
+        "livenessProbe": _probe("/healthz", "http", period=10, failures=3, timeout=2),
+        "readinessProbe": _probe("/readyz", "http", period=2, failures=2, timeout=2),
+        "volumeMounts": [{"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True}],
+    }
+    if env:
+        container["env"] = env
+    template_meta = {
+        "labels": labels(model, ROUTER),
+        # The router reads its config once at start: a changed config rolls the routers
+        # (and only them) through this hash.
+        "annotations": {CONFIG_HASH_ANNOTATION: config_hash(router_config_text(model))},
+    }
+    return _obj("apps/v1", "Deployment", _meta(model, router_name(model), ROUTER), spec={
+        "replicas": r.replicas,
+        "selector": {"matchLabels": selector_labels(model, ROUTER)},
+        "strategy": {"type": "RollingUpdate",
+                     "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+        "template": {"metadata": template_meta, "spec": {
+            "serviceAccountName": router_name(model),
+            "containers": [container],
+            "volumes": [{"name": "config", "configMap": {"name": router_name(model)}}],
+            "enableServiceLinks": False,
+        }},
+    })
+
+
+def router_service(model: Model) -> Manifest:
+    return _obj("v1", "Service", _meta(model, router_name(model), ROUTER), spec={
+        "type": "ClusterIP",
+        "selector": selector_labels(model, ROUTER),
+        "ports": [{"name": "http", "port": ROUTER_PORT, "targetPort": "http", "protocol": "TCP"}],
+    })
+
+
+def router_service_account(model: Model) -> Manifest:
+    return _obj("v1", "ServiceAccount", _meta(model, router_name(model), ROUTER))
+
+
+def router_role(model: Model) -> Manifest:
+    # Discovery of model-server replicas is a watch on EndpointSlices, nothing more.
+    return _obj("rbac.authorization.k8s.io/v1", "Role", _meta(model, router_name(model), ROUTER),
+                rules=[{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+                        "verbs": ["get", "list", "watch"]}])
+
+
+def router_role_binding(model: Model) -> Manifest:
+    return _obj("rbac.authorization.k8s.io/v1", "RoleBinding",
+                _meta(model, router_name(model), ROUTER),
+                roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                         "name": router_name(model)},
+                subjects=[{"kind": "ServiceAccount", "name": router_name(model),
+                           "namespace": model.namespace}])
+
+
+# --------------------------------------------------------------------------- cache store
+
+
+def redis_deployment(model: Model, cfg: OperatorConfig) -> Manifest:
+    mib = model.spec.cache_store.max_memory_mi_b
+    container = {
+        "name": "redis",
+        "image": cfg.redis_image,
+        # The ownership table is a cache that routers rebuild from traffic: no persistence,
+        # and LRU eviction instead of write errors when it fills.
+        "args": ["--save", "", "--appendonly", "no", "--maxmemory", f"{mib}mb",
+                 "--maxmemory-policy", "allkeys-lru"],
+        "ports": [{"name": "redis", "containerPort": REDIS_PORT, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": "100m", "memory": f"{mib + mib // 4}Mi"},
+                      "limits": {"memory": f"{mib + mib // 4}Mi"}},
+        "readinessProbe": {"exec": {"command": ["redis-cli", "ping"]}, "periodSeconds": 5,
+                           "timeoutSeconds": 2},
+        "livenessProbe": {"tcpSocket": {"port": "redis"}, "periodSeconds": 10,
+                          "failureThreshold": 3},
+    }
+    return _obj("apps/v1", "Deployment", _meta(model, redis_name(model), CACHE_STORE), spec={
+        "replicas": 1,
+        "selector": {"matchLabels": selector_labels(model, CACHE_STORE)},
+        # Never two Redis pods for one model: routers would split their table between them.
+        "strategy": {"type": "Recreate"},
+        "template": {"metadata": {"labels": labels(model, CACHE_STORE)},
+                     "spec": {"containers": [container], "enableServiceLinks": False}},
+    })
+
+
+def redis_service(model: Model) -> Manifest:
+    return _obj("v1", "Service", _meta(model, redis_name(model), CACHE_STORE), spec={
+        "type": "ClusterIP",
+        "selector": selector_labels(model, CACHE_STORE),
+        "ports": [{"name": "redis", "port": REDIS_PORT, "targetPort": "redis",
+                   "protocol": "TCP"}],
+    })
+
+
+# --------------------------------------------------------------------------- autoscaling
+
+
+def _milli(value: float) -> str:
+    return f"{round(value * 1000)}m"
+
+
+def horizontal_pod_autoscaler(model: Model) -> Manifest:
+    spec = model.spec
+    a = spec.autoscaling
+    selector = {"matchLabels": {"prefixrouter.io/namespace": model.namespace,
+                                "prefixrouter.io/model": model.name}}
+    # Both figures are fleet-wide values (not per pod), so the target type is Value: the HPA
+    # scales replicas by current/target, and both figures fall as replicas grow.
+    metrics = [
+        {"type": "External", "external": {
+            "metric": {"name": CACHE_PRESSURE_METRIC, "selector": selector},
+            "target": {"type": "Value", "value": _milli(a.target_cache_pressure)}}},
+        {"type": "External", "external": {
+            "metric": {"name": LOAD_METRIC, "selector": selector},
+            "target": {"type": "Value", "value": _milli(a.target_load)}}},
+    ]
+    return _obj("autoscaling/v2", "HorizontalPodAutoscaler",
+                _meta(model, hpa_name(model), MODEL_SERVER), spec={
+                    # The model itself is the target (scale subresource), so spec.replicas
+                    # stays the one source of truth for the model-server count.
+                    "scaleTargetRef": {"apiVersion": API_VERSION, "kind": KIND,
+                                       "name": model.name},
+                    "minReplicas": max(1, spec.min_replicas),
+                    "maxReplicas": spec.max_replicas,
+                    "metrics": metrics,
+                    "behavior": {"scaleDown": {
+                        "stabilizationWindowSeconds": a.scale_down_stabilization_seconds}},
+                })
+
+
+# --------------------------------------------------------------------------- all together
+
+
+def render_all(model: Model, cfg: OperatorConfig) -> list[Manifest]:
+    """Every object this model should own, in apply order."""
+    objs: list[Manifest] = [
+        router_service_account(model),
+        router_role(model),
+        router_role_binding(model),
+        router_configmap(model),
+        model_server_service(model),
+        router_service(model),
+    ]
+    managed_store = model.spec.cache_store.type == "managed"
+    if managed_store:
+        objs.append(redis_service(model))
+        objs.append(redis_deployment(model, cfg))
+    objs += [
+        model_server_deployment(model, cfg),
+        router_deployment(model, cfg),
+        _pdb(model, model_server_name(model), MODEL_SERVER),
+        _pdb(model, router_name(model), ROUTER),
+    ]
+    if model.spec.autoscaling.enabled:
+        objs.append(horizontal_pod_autoscaler(model))
+    return objs
+
+
+def possible_children(model: Model) -> list[tuple[str, str, str]]:
+    """(apiVersion, kind, name) of every object this model may own under some spec: what is
+    among them but not rendered for the current spec gets pruned."""
+    return [
+        ("v1", "ServiceAccount", router_name(model)),
+        ("rbac.authorization.k8s.io/v1", "Role", router_name(model)),
+        ("rbac.authorization.k8s.io/v1", "RoleBinding", router_name(model)),
+        ("v1", "ConfigMap", router_name(model)),
+        ("v1", "Service", model_server_name(model)),
+        ("v1", "Service", router_name(model)),
+        ("v1", "Service", redis_name(model)),
+        ("apps/v1", "Deployment", redis_name(model)),
+        ("apps/v1", "Deployment", model_server_name(model)),
+        ("apps/v1", "Deployment", router_name(model)),
+        ("policy/v1", "PodDisruptionBudget", model_server_name(model)),
+        ("policy/v1", "PodDisruptionBudget", router_name(model)),
+        ("autoscaling/v2", "HorizontalPodAutoscaler", hpa_name(model)),
+    ]
+
+
+def ref_of(obj: Manifest) -> tuple[str, str, str]:
+    return obj["apiVersion"], obj["kind"], obj["metadata"]["name"]
