@@ -38,6 +38,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--load-bound", type=float, help="bounded-load epsilon")
     p.add_argument("--kv-capacity-tokens", type=int, help="per-backend KV capacity in tokens")
     p.add_argument("--ttl-seconds", type=float)
+    p.add_argument("--discovery", choices=("static", "kubernetes"), help="where backends come from")
+    p.add_argument("--service", help="kubernetes discovery: the model-server Service")
+    p.add_argument("--namespace", help="kubernetes discovery: its namespace")
+    p.add_argument("--backend-port", type=int, help="kubernetes discovery: the engine port")
+    p.add_argument("--kubeconfig", help="kubernetes discovery: kubeconfig (default: in-cluster)")
     p.add_argument("--store", choices=("local", "redis"))
     p.add_argument("--redis-url")
     p.add_argument("--model-key", help="key namespace of this model in the shared store")
@@ -69,6 +74,11 @@ def main(argv: list[str] | None = None) -> None:
         "log_level": args.log_level,
         "log_decisions": args.log_decisions,
         "discovery.backends": backends,
+        "discovery.mode": args.discovery,
+        "discovery.service": args.service,
+        "discovery.namespace": args.namespace,
+        "discovery.port": args.backend_port,
+        "discovery.kubeconfig": args.kubeconfig,
         "store.mode": args.store,
         "store.url": args.redis_url,
     }

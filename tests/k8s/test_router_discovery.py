@@ -1,0 +1,138 @@
+"""The router in Kubernetes discovery mode against the real local control plane.
+
+kwok's pod IPs are not reachable, so each pod carries a test-only annotation that maps it to
+a simulator on 127.0.0.1; the router reads it because its settings name that annotation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from bench.fleet import Fleet
+
+pytestmark = [pytest.mark.k8s, pytest.mark.slow]
+
+ANNOTATION = "prefixrouter.io/test-address"
+MODEL = "test-model"
+
+
+@pytest.fixture
+def ns(control_plane):
+    name = f"rd-{uuid.uuid4().hex[:8]}"
+    control_plane.kubectl("create", "namespace", name)
+    control_plane.wait_for(
+        lambda: (
+            control_plane.kubectl(
+                "get", "serviceaccount", "default", "-n", name, check=False
+            ).returncode
+            == 0
+        ),
+        30,
+        f"the default ServiceAccount in {name}",
+    )
+    yield name
+    control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def pod(name: str, ns: str, address: str) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "labels": {"app": "engine"},
+            "annotations": {ANNOTATION: address},
+        },
+        "spec": {
+            "containers": [
+                {
+                    "name": "engine",
+                    "image": "example.invalid/engine:1",
+                    "ports": [{"containerPort": 8000, "name": "http"}],
+                }
+            ]
+        },
+    }
+
+
+async def test_router_follows_ready_endpoints(control_plane, ns, tmp_path: Path):
+    cp = control_plane
+    cp.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "engine", "namespace": ns},
+            "spec": {
+                "clusterIP": "None",
+                "selector": {"app": "engine"},
+                "ports": [{"name": "http", "port": 8000, "targetPort": 8000}],
+            },
+        }
+    )
+    async with Fleet(tmp_path / "logs") as fleet:
+        sims = [
+            await fleet.start_sim(
+                f"sim{i}", model=MODEL, kv_capacity=50_000, profile="fast", time_scale=1.0
+            )
+            for i in range(2)
+        ]
+        cfg = tmp_path / "router.yaml"
+        cfg.write_text(
+            "discovery:\n"
+            "  mode: kubernetes\n"
+            f"  namespace: {ns}\n"
+            "  service: engine\n"
+            "  port: 8000\n"
+            f"  kubeconfig: {cp.kubeconfig}\n"
+            f"  address_override_annotation: {ANNOTATION}\n"
+            "health: {probe_interval_s: 0.3}\n"
+        )
+        # the router starts with no backend at all: /readyz must wait for the first endpoint
+        router_task = asyncio.create_task(
+            fleet.start_router(
+                "router", [], policy="prefix", kv_capacity=50_000, extra=["--config", str(cfg)]
+            )
+        )
+        await asyncio.sleep(1.0)
+        for i, sim in enumerate(sims):
+            cp.apply(pod(f"engine-{i}", ns, sim.url.removeprefix("http://")))
+        router = await asyncio.wait_for(router_task, 60)
+
+        async with aiohttp.ClientSession() as s:
+
+            async def ready_backends() -> int:
+                async with s.get(router.url + "/readyz") as r:
+                    return (await r.json())["healthy_backends"]
+
+            async def wait_count(n: int, timeout: float = 60) -> None:
+                deadline = asyncio.get_running_loop().time() + timeout
+                while asyncio.get_running_loop().time() < deadline:
+                    if await ready_backends() == n:
+                        return
+                    await asyncio.sleep(0.3)
+                raise AssertionError(
+                    f"router never saw {n} backends (has {await ready_backends()})"
+                )
+
+            await wait_count(2)
+            seen = set()
+            for i in range(6):
+                body = {"model": MODEL, "prompt": f"question {i} " * 40, "max_tokens": 2}
+                async with s.post(router.url + "/v1/completions", json=body) as r:
+                    assert r.status == 200, await r.text()
+                    seen.add(r.headers["x-routed-to"])
+            assert seen <= {p.url for p in sims}
+
+            cp.kubectl("delete", "pod", "engine-0", "-n", ns, "--grace-period=0", "--force")
+            await wait_count(1)
+            for i in range(4):
+                body = {"model": MODEL, "prompt": f"after {i} " * 40, "max_tokens": 2}
+                async with s.post(router.url + "/v1/completions", json=body) as r:
+                    assert r.status == 200
+                    assert r.headers["x-routed-to"] == sims[1].url
