@@ -1,0 +1,289 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from operator_builders import FULL_SPEC, UID, model
+
+from prefix_operator.config import OperatorConfig
+from prefix_operator.naming import CONFIG_HASH_ANNOTATION
+from prefix_operator.render import (
+    possible_children,
+    ref_of,
+    render_all,
+    router_config_text,
+    router_settings,
+)
+from prefix_operator.spec import PrefixRoutedModelSpec
+from prefix_router.config import RouterSettings
+
+CRD = Path(__file__).resolve().parents[2] / "crds" / "prefixroutedmodel.yaml"
+
+
+def by_ref(objs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in objs}
+
+
+def container(deploy: dict[str, Any]) -> dict[str, Any]:
+    return deploy["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_default_spec_renders_every_object_with_preset_names(cfg: OperatorConfig) -> None:
+    objs = by_ref(render_all(model(), cfg))
+    assert set(objs) == {
+        ("ServiceAccount", "llama-router"), ("Role", "llama-router"),
+        ("RoleBinding", "llama-router"), ("ConfigMap", "llama-router"),
+        ("Service", "llama-model-server"), ("Service", "llama-router"),
+        ("Service", "llama-redis"), ("Deployment", "llama-redis"),
+        ("Deployment", "llama-model-server"), ("Deployment", "llama-router"),
+        ("PodDisruptionBudget", "llama-model-server"),
+        ("PodDisruptionBudget", "llama-router"),
+    }
+    for obj in objs.values():
+        meta = obj["metadata"]
+        assert meta["namespace"] == "ml"
+        assert meta["labels"]["prefixrouter.io/model"] == "llama"
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "prefix-operator"
+        assert meta["labels"]["app.kubernetes.io/instance"] == "llama"
+        assert meta["labels"]["app.kubernetes.io/part-of"] == "prefix-router"
+        assert meta["labels"]["app.kubernetes.io/component"] in {
+            "model-server", "router", "cache-store"}
+        assert meta["ownerReferences"] == [{
+            "apiVersion": "prefixrouter.io/v1alpha1", "kind": "PrefixRoutedModel",
+            "name": "llama", "uid": UID, "controller": True, "blockOwnerDeletion": True}]
+
+
+def test_rendering_is_deterministic(cfg: OperatorConfig) -> None:
+    # Server-side apply is a no-op only if the same spec renders the same bytes.
+    assert render_all(model(), cfg) == render_all(model(), cfg)
+
+
+def test_default_vllm_model_server(cfg: OperatorConfig) -> None:
+    d = by_ref(render_all(model(), cfg))[("Deployment", "llama-model-server")]
+    assert d["spec"]["replicas"] == 1
+    assert d["spec"]["selector"]["matchLabels"] == {
+        "prefixrouter.io/model": "llama", "app.kubernetes.io/component": "model-server"}
+    pod = d["spec"]["template"]["spec"]
+    c = container(d)
+    assert c["image"] == cfg.vllm_image and c["image"].startswith("vllm/vllm-openai:v")
+    assert c["command"] == ["vllm", "serve"]
+    assert c["args"][0] == "meta-llama/Llama-3.1-8B"
+    args = c["args"]
+    assert "--enable-prefix-caching" in args
+    assert args[args.index("--block-size") + 1] == "16"
+    assert args[args.index("--served-model-name") + 1] == "llama-3-8b"
+    assert args[args.index("--port") + 1] == "8000"
+    assert "--tensor-parallel-size" not in args  # one GPU
+    assert c["resources"]["requests"] == {"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": "1"}
+    assert c["resources"]["limits"] == {"memory": "32Gi", "nvidia.com/gpu": "1"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    startup = c["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 1800
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}} in pod["volumes"]
+    assert pod["enableServiceLinks"] is False
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["HF_HOME"] == "/root/.cache/huggingface"
+
+
+def test_full_spec_model_server(cfg: OperatorConfig) -> None:
+    d = by_ref(render_all(model(**FULL_SPEC), cfg))[("Deployment", "llama-model-server")]
+    c = container(d)
+    pod = d["spec"]["template"]["spec"]
+    assert d["spec"]["replicas"] == 3
+    assert c["image"] == "registry.local/vllm:custom"
+    args = c["args"]
+    assert args[0] == "/models/qwen2.5-7b"
+    assert args[args.index("--block-size") + 1] == "32"
+    assert args[args.index("--tensor-parallel-size") + 1] == "2"
+    assert args[args.index("--revision") + 1] == "main"
+    assert args[-2:] == ["--max-model-len", "8192"]  # user args come last
+    assert c["ports"] == [{"name": "http", "containerPort": 9000, "protocol": "TCP"}]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert c["startupProbe"]["failureThreshold"] == 60
+    assert {"name": "model", "persistentVolumeClaim": {"claimName": "weights",
+                                                       "readOnly": True}} in pod["volumes"]
+    assert {"name": "model", "mountPath": "/models", "readOnly": True} in c["volumeMounts"]
+    assert pod["nodeSelector"] == {"gpu": "a100"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists",
+                                   "effect": "NoSchedule"}]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "tok"}}
+    assert env["VLLM_LOGGING_LEVEL"]["value"] == "DEBUG"
+    assert "HF_HOME" not in env  # weights come from the PVC
+
+
+def test_sglang_and_custom_engines(cfg: OperatorConfig) -> None:
+    sg = by_ref(render_all(model(engine={"type": "sglang"}, resources={"gpus": 4}), cfg))
+    c = container(sg[("Deployment", "llama-model-server")])
+    assert c["image"] == cfg.sglang_image and c["image"].startswith("lmsysorg/sglang:v")
+    assert c["command"] == ["python3", "-m", "sglang.launch_server"]
+    assert c["args"][c["args"].index("--page-size") + 1] == "16"
+    assert c["args"][c["args"].index("--tp-size") + 1] == "4"
+    assert "--disable-radix-cache" not in c["args"]
+
+    cu = by_ref(render_all(model(engine={"type": "custom", "image": "me/engine:1",
+                                         "args": ["serve"]}), cfg))
+    c = container(cu[("Deployment", "llama-model-server")])
+    assert "command" not in c  # the image's own entrypoint
+    assert c["args"] == ["serve"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["PREFIXROUTER_BLOCK_SIZE"] == "16"
+    assert env["PREFIXROUTER_MODEL_NAME"] == "llama-3-8b"
+
+
+def test_gpu_free_model_server_requests_no_gpu(cfg: OperatorConfig) -> None:
+    d = by_ref(render_all(model(resources={"gpus": 0}), cfg))[("Deployment",
+                                                               "llama-model-server")]
+    assert "nvidia.com/gpu" not in container(d)["resources"]["requests"]
+
+
+def test_headless_service_and_pdbs(cfg: OperatorConfig) -> None:
+    objs = by_ref(render_all(model(engine={"port": 9000}), cfg))
+    svc = objs[("Service", "llama-model-server")]
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["ports"][0]["port"] == 9000
+    for name in ("llama-model-server", "llama-router"):
+        pdb = objs[("PodDisruptionBudget", name)]
+        assert pdb["spec"]["maxUnavailable"] == 1
+
+
+def test_router_objects(cfg: OperatorConfig) -> None:
+    objs = by_ref(render_all(model(), cfg))
+    d = objs[("Deployment", "llama-router")]
+    c = container(d)
+    pod = d["spec"]["template"]["spec"]
+    assert d["spec"]["replicas"] == 2
+    assert c["image"] == cfg.router_image
+    assert c["command"] == ["prefix-router"]
+    assert c["args"] == ["--config", "/etc/prefix-router/router.yaml"]
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert c["ports"][0]["containerPort"] == 8080
+    assert pod["serviceAccountName"] == "llama-router"
+    assert pod["volumes"] == [{"name": "config", "configMap": {"name": "llama-router"}}]
+    assert "env" not in c  # managed store: no password
+    role = objs[("Role", "llama-router")]
+    assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"],
+                              "resources": ["endpointslices"],
+                              "verbs": ["get", "list", "watch"]}]
+    rb = objs[("RoleBinding", "llama-router")]
+    assert rb["roleRef"]["name"] == "llama-router"
+    assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "llama-router",
+                               "namespace": "ml"}]
+    assert objs[("Service", "llama-router")]["spec"]["ports"][0]["port"] == 8080
+
+
+def test_router_config_follows_the_router_contract() -> None:
+    m = model(**FULL_SPEC)
+    cm_text = router_config_text(m)
+    # The router's own settings model (extra keys forbidden) accepts what we render.
+    settings = RouterSettings.model_validate(yaml.safe_load(cm_text))
+    assert settings.block_size == 32
+    assert settings.models == ["qwen"]
+    assert settings.model_key == "ml/llama"
+    assert settings.load_bound == 0.5 and settings.max_owners == 3
+    assert settings.ttl_seconds == 120 and settings.kv_capacity_tokens == 500000
+    assert settings.discovery.mode == "kubernetes"
+    assert settings.discovery.service == "llama-model-server"
+    assert settings.discovery.port == 9000 and settings.discovery.namespace == "ml"
+    assert settings.store.mode == "redis"
+    assert settings.store.url == "redis://redis.shared:6379/2"
+    assert settings.store.password_env == "REDIS_PASSWORD"
+    assert settings.host == "0.0.0.0" and settings.port == 8080
+
+    managed = router_settings(model())
+    assert managed["store"] == {"mode": "redis",
+                                "url": "redis://llama-redis.ml.svc:6379/0"}
+    RouterSettings.model_validate(managed)
+
+
+def test_external_store_password_and_no_managed_redis(cfg: OperatorConfig) -> None:
+    objs = by_ref(render_all(model(**FULL_SPEC), cfg))
+    assert ("Deployment", "llama-redis") not in objs
+    assert ("Service", "llama-redis") not in objs
+    c = container(objs[("Deployment", "llama-router")])
+    assert c["image"] == "registry.local/router:dev"
+    assert c["env"] == [{"name": "REDIS_PASSWORD", "valueFrom": {
+        "secretKeyRef": {"name": "redis-auth", "key": "pw"}}}]
+
+
+def test_router_config_change_rolls_only_the_router(cfg: OperatorConfig) -> None:
+    a = by_ref(render_all(model(), cfg))
+    b = by_ref(render_all(model(router={"loadBound": 0.5}), cfg))
+    ann = CONFIG_HASH_ANNOTATION
+    assert a[("Deployment", "llama-router")]["spec"]["template"]["metadata"]["annotations"][ann] \
+        != b[("Deployment", "llama-router")]["spec"]["template"]["metadata"]["annotations"][ann]
+    assert a[("Deployment", "llama-model-server")] == b[("Deployment", "llama-model-server")]
+
+
+def test_managed_redis(cfg: OperatorConfig) -> None:
+    objs = by_ref(render_all(model(cacheStore={"maxMemoryMiB": 1024}), cfg))
+    d = objs[("Deployment", "llama-redis")]
+    c = container(d)
+    assert c["image"] == cfg.redis_image
+    assert c["args"][c["args"].index("--maxmemory") + 1] == "1024mb"
+    assert "allkeys-lru" in c["args"]
+    assert d["spec"]["strategy"] == {"type": "Recreate"}
+    assert objs[("Service", "llama-redis")]["spec"]["ports"][0]["port"] == 6379
+
+
+def test_autoscaler_targets_the_model(cfg: OperatorConfig) -> None:
+    objs = by_ref(render_all(model(**FULL_SPEC), cfg))
+    hpa = objs[("HorizontalPodAutoscaler", "llama")]
+    spec = hpa["spec"]
+    assert spec["scaleTargetRef"] == {"apiVersion": "prefixrouter.io/v1alpha1",
+                                      "kind": "PrefixRoutedModel", "name": "llama"}
+    assert spec["minReplicas"] == 2 and spec["maxReplicas"] == 6
+    targets = {m["external"]["metric"]["name"]: m["external"]["target"]
+               for m in spec["metrics"]}
+    assert targets == {"prefixrouter_cache_pressure": {"type": "Value", "value": "700m"},
+                       "prefixrouter_load": {"type": "Value", "value": "4000m"}}
+    assert spec["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 120
+    assert ("HorizontalPodAutoscaler", "llama") not in by_ref(render_all(model(), cfg))
+
+
+def test_possible_children_cover_every_rendering(cfg: OperatorConfig) -> None:
+    for spec in ({}, FULL_SPEC):
+        m = model(**spec)
+        assert {ref_of(o) for o in render_all(m, cfg)} <= set(possible_children(m))
+
+
+def test_images_are_configurable() -> None:
+    cfg = OperatorConfig.from_env({"PREFIX_OPERATOR_ROUTER_IMAGE": "r:1",
+                                   "PREFIX_OPERATOR_VLLM_IMAGE": "v:1",
+                                   "PREFIX_OPERATOR_RESYNC_SECONDS": "2.5"})
+    assert cfg.resync_seconds == 2.5
+    objs = by_ref(render_all(model(), cfg))
+    assert container(objs[("Deployment", "llama-router")])["image"] == "r:1"
+    assert container(objs[("Deployment", "llama-model-server")])["image"] == "v:1"
+
+
+def _crd_defaults(schema: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, prop in (schema.get("properties") or {}).items():
+        if "default" in prop and prop.get("type") != "object":
+            out[key] = prop["default"]
+        elif prop.get("type") == "object" and prop.get("properties"):
+            out[key] = _crd_defaults(prop)
+    return out
+
+
+@pytest.mark.parametrize("section", ["", "engine", "resources", "router", "cacheStore",
+                                     "autoscaling"])
+def test_python_defaults_match_the_crd(section: str) -> None:
+    crd = yaml.safe_load(CRD.read_text())
+    spec_schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    crd_defaults = _crd_defaults(spec_schema)
+    py = PrefixRoutedModelSpec.model_validate(
+        {"model": {"name": "m", "source": "s"}}).model_dump(by_alias=True)
+    if section:
+        crd_defaults, py = crd_defaults[section], py[section]
+    else:
+        crd_defaults = {k: v for k, v in crd_defaults.items() if not isinstance(v, dict)}
+    for key, value in crd_defaults.items():
+        if isinstance(value, dict):
+            continue
+        assert py[key] == value, f"{section}.{key}: CRD {value!r} != Python {py[key]!r}"
