@@ -96,7 +96,9 @@ class Engine:
         r = Request(prompt=prompt, max_tokens=max_tokens, seed=seed)
         r.prompt_tokens = count_tokens(prompt)
         r.hashes = block_hashes(prompt, self.block_size)
-        r.total_blocks = -(-(r.prompt_tokens + max_tokens) // self.block_size)
+        # Blocks held now: the prompt and room for the first output token. Decode blocks are
+        # added one at a time as the sequence grows, as vLLM allocates them (not up front).
+        r.total_blocks = -(-(r.prompt_tokens + 1) // self.block_size)
         r.arrived = time.perf_counter()
         if self.profile.step_base_s == 0 and self.profile.prefill_per_token_s == 0:
             self._run_instantly(r)
@@ -207,6 +209,9 @@ class Engine:
         r.text.append(piece)
         r.generated += 1
         self.counters.generation_tokens += 1
+        if r.prompt_tokens + r.generated + 1 > r.total_blocks * self.block_size:
+            r.total_blocks += 1
+            self.cache.grow(1)
         r.out.put_nowait(piece)
         if r.generated >= r.max_tokens:
             self._finish(r, cache_output=True)

@@ -97,6 +97,12 @@ class PrefixCache:
         self._private += max(0, total_blocks - len(hashes))
         self._make_room(0)
 
+    def grow(self, blocks: int) -> None:
+        """A running sequence needs more private blocks. Unreferenced cached blocks make room;
+        when none are left the cache over-commits briefly (vLLM would preempt a sequence)."""
+        self._private += blocks
+        self._make_room(0)
+
     def release(
         self, hashes: list[int], total_blocks: int, final_hashes: list[int] | None = None
     ) -> None:
