@@ -493,6 +493,9 @@ class ControlPlane:
             f"--etcd-servers={self.etcd_url}",
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
+            # a loopback advertise address cannot go into the 'kubernetes' Endpoints (and
+            # recent apiservers refuse to start with it unless the reconciler is off)
+            "--endpoint-reconciler-type=none",
             f"--secure-port={port}",
             f"--cert-dir={self.work_dir / 'apiserver-certs'}",
             f"--tls-cert-file={self.serving[0]}",
