@@ -50,6 +50,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     kopf.configure(verbose=args.verbose, debug=args.debug)
     if not args.verbose and not args.debug:
         logging.getLogger().setLevel(logging.INFO)
+        # kopf logs every handler and timer success at INFO: with watched children and
+        # timers that is a line per event per second. Our Events carry what matters.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     registry = kopf.OperatorRegistry()
     register(registry, Runtime(cfg))
     namespaces = args.namespace

@@ -154,7 +154,9 @@ class Reconciler:
         outcome = Outcome()
         secret_password = await self._check_store_secret(model, observed)
 
-        if not observed.spec_problems and observed.store_problem is None:
+        # A missing store Secret does not hold the rollout back: the router pods wait for it
+        # and start as soon as it exists.
+        if not observed.spec_problems:
             await self._apply_children(model, body, prev_status, observed, outcome)
         else:
             await self._observe_children(model, observed)

@@ -125,19 +125,19 @@ def compute_conditions(model: Model, observed: Observed) -> list[Condition]:
         deployment_condition(c.ROUTER_READY, "Router", observed.router, spec.router.replicas),
         cache_store_condition(model, observed),
     ]
-    blocking = observed.spec_problems[:1] or ([observed.apply_problem]
-                                             if observed.apply_problem else [])
+    # Problems that waiting will not fix, in the order that best explains Ready.
+    blocking = [*observed.spec_problems[:1],
+                *([observed.apply_problem] if observed.apply_problem else []),
+                *([observed.store_problem] if observed.store_problem else [])]
     if blocking:
-        # A spec we will not apply explains Ready better than the components' stale state.
+        # A spec we will not apply (or a store we cannot use) explains Ready better than the
+        # components' state.
         ready = Condition(c.READY, "False", blocking[0].reason, blocking[0].message)
     else:
         ready = c.aggregate_ready(parts, f"serving {spec.model.name} at {router_url(model)}")
 
     stuck = [p for p in parts if any(p.reason.endswith(s) for s in _STUCK)]
-    hard: list[tuple[str, str]] = [(p.reason, p.message) for p in blocking]
-    hard += [(p.reason, p.message) for p in stuck]
-    if observed.store_problem is not None:
-        hard.append((observed.store_problem.reason, observed.store_problem.message))
+    hard = [(p.reason, p.message) for p in blocking] + [(p.reason, p.message) for p in stuck]
     if hard:
         degraded = Condition(c.DEGRADED, "True", hard[0][0], hard[0][1])
     else:
@@ -152,7 +152,7 @@ def compute_conditions(model: Model, observed: Observed) -> list[Condition]:
                and not (external_store and p.type == c.CACHE_STORE_READY)]
     if blocking:
         progressing = Condition(c.PROGRESSING, "False", "InvalidSpec" if observed.spec_problems
-                                else "ApplyRejected", blocking[0].message)
+                                else blocking[0].reason, blocking[0].message)
     elif stuck:
         progressing = Condition(c.PROGRESSING, "False", "RolloutStalled", stuck[0].message)
     elif waiting:
