@@ -380,13 +380,47 @@ class ControlPlane:
             self._check_alive()
             time.sleep(interval)
 
+    # -- aggregated APIs and webhooks served by local processes ----------------------------
+
+    def issue_serving_cert(self, name: str, hosts: Sequence[str]) -> tuple[Path, Path]:
+        """A serving certificate (crt, key) signed by the cluster CA (self.ca_file) for the
+        given IPs / DNS names: what a local aggregated API server or webhook presents."""
+        import ipaddress
+
+        sans = []
+        for h in hosts:
+            try:
+                ipaddress.ip_address(h)
+                sans.append(f"IP:{h}")
+            except ValueError:
+                sans.append(f"DNS:{h}")
+        return self._pki.cert(name, self.ca, name, server_sans=sans, client=False)
+
+    def expose_local_service(self, name: str, namespace: str, port: int,
+                             host: str = "localhost") -> str:
+        """Create a Service `name` of type ExternalName -> `host` (default localhost) with `port`.
+
+        The apiserver runs with --enable-aggregator-routing=false, so for an APIService or an
+        admission webhook that references this Service it dials <host>:<port>, i.e. a server
+        on this machine (bind it to 127.0.0.1:<port>); the aggregator skips the endpoint check
+        for ExternalName Services. TLS is verified against the name <name>.<namespace>.svc:
+        issue the server's certificate with issue_serving_cert(name, [that name]) and put
+        ca_file in the caBundle. Returns that DNS name.
+        """
+        svc = {"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": name, "namespace": namespace},
+               "spec": {"type": "ExternalName", "externalName": host,
+                        "ports": [{"name": "https", "port": port, "targetPort": port}]}}
+        self.apply(svc)
+        return f"{name}.{namespace}.svc"
+
     def log_path(self, component: str) -> Path:
         return self.log_dir / f"{component}.log"
 
     # -- internals -------------------------------------------------------------------------
 
     def _make_pki(self) -> None:
-        pki = _Certs(self.work_dir / "pki")
+        pki = self._pki = _Certs(self.work_dir / "pki")
         self.ca = pki.ca("ca", "prefixrouter-test-ca")
         first_service_ip = _first_ip(self.service_cidr)
         sans = ["IP:127.0.0.1", f"IP:{first_service_ip}", "DNS:localhost", "DNS:kubernetes",
@@ -402,6 +436,7 @@ class ControlPlane:
         self.front_proxy_client = pki.cert("front-proxy-client", self.front_proxy_ca,
                                            "front-proxy-client")
         self.sa_key, self.sa_pub = pki.sa_keypair()
+        self.front_proxy_ca_file = self.front_proxy_ca[0]
 
     def _spawn(self, name: str, args: list[str]) -> _Proc:
         log = self.log_path(name)

@@ -180,3 +180,84 @@ def test_service_account_token(control_plane, namespace):
                                            input=json.dumps(review)).stdout)
     assert out["status"]["authenticated"] is True
     assert out["status"]["user"]["username"] == f"system:serviceaccount:{namespace}:default"
+
+
+AGG_GROUP = "cptest.metrics.prefixrouter.io"
+
+
+def test_aggregated_api_served_by_a_local_process(control_plane, tmp_path):
+    """The aggregation layer works: an APIService backed by a process on this machine, reached
+    through an ExternalName Service, gets the front-proxy client cert and the user identity."""
+    import base64
+    import http.server
+    import ssl
+    import threading
+
+    from controlplane import free_port
+
+    cp = control_plane
+    if not hasattr(cp, "expose_local_service"):
+        pytest.skip("needs the local control plane")
+    port = free_port()
+    dns_name = cp.expose_local_service("cptest-agg", "default", port)
+    crt, key = cp.issue_serving_cert("cptest-agg", [dns_name, "localhost", "127.0.0.1"])
+    seen: list[dict[str, str]] = []
+    gv = f"{AGG_GROUP}/v1beta1"
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            if self.path.split("?")[0] == f"/apis/{gv}":
+                body = {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv,
+                        "resources": [{"name": "things", "singularName": "thing",
+                                       "namespaced": True, "kind": "Thing",
+                                       "verbs": ["get", "list"]}]}
+            elif self.path.startswith(f"/apis/{gv}/namespaces/"):
+                seen.append({"user": self.headers.get("X-Remote-User", ""),
+                             "groups": ",".join(self.headers.get_all("X-Remote-Group") or []),
+                             "cn": self.connection.getpeercert()["subject"][0][0][1]})
+                body = {"kind": "ThingList", "apiVersion": gv, "metadata": {}, "items": []}
+            else:
+                self.send_response(404)
+                self.end_headers()
+                return
+            raw = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(crt), str(key))
+    ctx.load_verify_locations(str(cp.front_proxy_ca_file))
+    ctx.verify_mode = ssl.CERT_REQUIRED  # only the apiserver's front-proxy client gets in
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        cp.apply({
+            "apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+            "metadata": {"name": f"v1beta1.{AGG_GROUP}"},
+            "spec": {"group": AGG_GROUP, "version": "v1beta1",
+                     "service": {"namespace": "default", "name": "cptest-agg", "port": port},
+                     "caBundle": base64.b64encode(cp.ca_file.read_bytes()).decode(),
+                     "groupPriorityMinimum": 100, "versionPriority": 100},
+        })
+        cp.kubectl("wait", "--for=condition=Available", "--timeout=30s",
+                   f"apiservice/v1beta1.{AGG_GROUP}")
+        out = json.loads(cp.kubectl("get", "--raw", f"/apis/{gv}/namespaces/default/things")
+                         .stdout)
+        assert out["kind"] == "ThingList"
+        assert seen and seen[-1]["user"] == "admin" and "system:masters" in seen[-1]["groups"]
+        assert seen[-1]["cn"] == "front-proxy-client"
+    finally:
+        cp.kubectl("delete", "apiservice", f"v1beta1.{AGG_GROUP}", "--ignore-not-found",
+                   check=False)
+        cp.kubectl("delete", "service", "cptest-agg", "-n", "default", "--ignore-not-found",
+                   check=False)
+        server.shutdown()
+        server.server_close()
