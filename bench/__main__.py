@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> None:
     d.add_argument("--rate", type=float, default=None)
     s = sub.add_parser("suite", help="the committed results of bench/results")
     s.add_argument("--quick", action="store_true")
+    s.add_argument("--only", choices=("routing", "sweep", "overhead"))
+    sub.add_parser("report", help="rebuild bench/results/README.md from the JSON files")
     args = p.parse_args(argv)
     try:
         import uvloop
@@ -75,7 +77,11 @@ def main(argv: list[str] | None = None) -> None:
     elif args.cmd == "suite":
         from .suite import suite
 
-        suite(quick=args.quick)
+        suite(quick=args.quick, only=args.only)
+    elif args.cmd == "report":
+        from .suite import write_readme
+
+        write_readme()
     else:  # pragma: no cover
         sys.exit(2)
 

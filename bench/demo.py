@@ -13,10 +13,14 @@ DEMO_RATE = 12.0
 def demo(seconds: float = 45, rate: float | None = None) -> None:
     rows = []
     for policy in ("prefix", "round-robin", "least-loaded"):
-        print(f"== system-prompts via {policy}: 8 simulated Llama-3.1-70B replicas, "
-              f"{rate or DEMO_RATE} req/s for {seconds:.0f}s", flush=True)
-        cfg = RunConfig(workload="system-prompts", router=policy, rate=rate or DEMO_RATE,
-                        seconds=seconds)
+        print(
+            f"== system-prompts via {policy}: 8 simulated Llama-3.1-70B replicas, "
+            f"{rate or DEMO_RATE} req/s for {seconds:.0f}s",
+            flush=True,
+        )
+        cfg = RunConfig(
+            workload="system-prompts", router=policy, rate=rate or DEMO_RATE, seconds=seconds
+        )
         rows.append(asyncio.run(run(cfg)))
     print()
     print_table(rows)
