@@ -83,6 +83,29 @@ class RouterMetrics:
         )
         self._prompt_sum = 0.0
         self._pred_sum = 0.0
+        self._children: dict[tuple[str, ...], object] = {}
+
+    # labels() costs a lock and a tuple build per call; the hot path reuses the children.
+    def count_request(self, backend: str, outcome: str) -> None:
+        key = ("r", backend, outcome)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self.requests.labels(backend, outcome)
+        child.inc()  # type: ignore[attr-defined]
+
+    def count_decision(self, policy: str, reason: str) -> None:
+        key = ("d", policy, reason)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self.decisions.labels(policy, reason)
+        child.inc()  # type: ignore[attr-defined]
+
+    def set_inflight(self, backend: str, value: float) -> None:
+        key = ("i", backend)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self.inflight.labels(backend)
+        child.set(value)  # type: ignore[attr-defined]
 
     def observe_prediction(self, prompt_tokens: float, predicted: float) -> None:
         self.prompt_tokens.inc(prompt_tokens)

@@ -104,29 +104,29 @@ async def _attempt(
         try:
             upstream = await session.post(backend + path, data=raw, headers=headers)
         except TimeoutError:
-            metrics.requests.labels(backend, "timeout").inc()
+            metrics.count_request(backend, "timeout")
             raise _timeout(s.upstream_timeout_s) from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
             router.backends.report_failure(backend, f"connect: {exc!r}")
-            metrics.requests.labels(backend, "connect_error").inc()
+            metrics.count_request(backend, "connect_error")
             raise _Retryable(f"{type(exc).__name__}: {exc}") from None
         async with upstream:
             if upstream.status in _RETRY_STATUS:
                 body = await upstream.read()
                 router.backends.report_failure(backend, f"status {upstream.status}")
-                metrics.requests.labels(backend, f"status_{upstream.status}").inc()
+                metrics.count_request(backend, f"status_{upstream.status}")
                 raise _Retryable(f"status {upstream.status}: {body[:200]!r}")
             if plan.parsed.stream and upstream.status == 200:
                 return await _stream(request, plan, router, upstream, backend, prefill)
             try:
                 body = await upstream.read()
             except TimeoutError:
-                metrics.requests.labels(backend, "timeout").inc()
+                metrics.count_request(backend, "timeout")
                 raise _timeout(s.upstream_timeout_s) from None
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                 # Nothing was sent to the client yet, so another backend can still serve it.
                 router.backends.report_failure(backend, f"read: {exc!r}")
-                metrics.requests.labels(backend, "read_error").inc()
+                metrics.count_request(backend, "read_error")
                 raise _Retryable(f"{type(exc).__name__}: {exc}") from None
             first = True
             router.first_byte(backend, prefill)
@@ -137,7 +137,7 @@ async def _attempt(
                 headers=_response_headers(upstream, plan, backend),
             )
             outcome = "ok" if upstream.status < 400 else f"status_{upstream.status}"
-            metrics.requests.labels(backend, outcome).inc()
+            metrics.count_request(backend, outcome)
             if upstream.status == 200:
                 router.backends.report_success(backend)
                 answer, usage = read_json(body, plan.parsed.kind)
@@ -172,11 +172,11 @@ async def _stream(
     try:
         chunk = await content.readany()
     except TimeoutError:
-        metrics.requests.labels(backend, "timeout").inc()
+        metrics.count_request(backend, "timeout")
         raise _timeout(s.upstream_timeout_s) from None
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
         router.backends.report_failure(backend, f"stream: {exc!r}")
-        metrics.requests.labels(backend, "read_error").inc()
+        metrics.count_request(backend, "read_error")
         raise _Retryable(f"{type(exc).__name__}: {exc}") from None
     if not chunk:
         router.backends.report_failure(backend, "empty stream")
@@ -206,9 +206,9 @@ async def _stream(
         router.backends.report_failure(backend, f"stream cut: {exc!r}")
         log.warning("stream from %s cut after the first byte: %r", backend, exc)
     except asyncio.CancelledError:
-        metrics.requests.labels(backend, "client_gone").inc()
+        metrics.count_request(backend, "client_gone")
         raise
-    metrics.requests.labels(backend, outcome).inc()
+    metrics.count_request(backend, outcome)
     try:
         await resp.write_eof()
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):

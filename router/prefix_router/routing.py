@@ -138,7 +138,7 @@ class Router:
             else:
                 key = chain_seed(canonical[:CHWBL_PREFIX_BYTES].decode(errors="replace"), None)
                 decision = choose_chwbl(cands, self._ring, key, s.load_bound)
-        self.metrics.decisions.labels(s.policy, decision.reason).inc()
+        self.metrics.count_decision(s.policy, decision.reason)
         self.metrics.overhead.observe(time.perf_counter() - started)
         if s.log_decisions:
             log.info(
@@ -164,7 +164,7 @@ class Router:
         """Count the load and record ownership now, so concurrent requests follow."""
         prefill = max(plan.prompt_tokens - self.predicted_tokens(plan, backend), 0.0)
         self.load.start(backend, prefill)
-        self.metrics.inflight.labels(backend).set(self.load.own_inflight(backend))
+        self.metrics.set_inflight(backend, self.load.own_inflight(backend))
         if self._uses_table and plan.hashes:
             self.store.record(plan.parsed.model, plan.hashes, backend)
         return prefill
@@ -174,7 +174,7 @@ class Router:
 
     def finished(self, backend: str) -> None:
         self.load.finish(backend)
-        self.metrics.inflight.labels(backend).set(self.load.own_inflight(backend))
+        self.metrics.set_inflight(backend, self.load.own_inflight(backend))
 
     def learn(
         self, plan: Plan, backend: str, answer: str | None, usage: tuple[int, int] | None
