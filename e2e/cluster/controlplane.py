@@ -751,7 +751,13 @@ if __name__ == "__main__":  # manual use: python e2e/cluster/controlplane.py [wo
     cp = ControlPlane(ensure_binaries(build=False), work).start()
     print(f"control plane up in {cp.startup_seconds:.1f}s {cp.timings}")
     print(f"export KUBECONFIG={cp.kubeconfig}")
-    print("Ctrl-C to stop")
+    print("Ctrl-C (or SIGTERM) to stop", flush=True)
+
+    def _quit(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, _quit)  # also when started with '&' (SIGINT ignored there)
+    signal.signal(signal.SIGTERM, _quit)
     try:
         signal.pause()
     except KeyboardInterrupt:

@@ -84,7 +84,8 @@ merge_assets() { # link KUBEBUILDER_ASSETS binaries over the built ones
 }
 
 # ---------------------------------------------------------------- 3. cache
-if [ -z "$(missing_in "$BIN")" ]; then
+if [ -z "$(missing_in "$BIN")" ] && grep -qx "etcd $ETCD_VERSION" "$BIN/VERSIONS" 2>/dev/null \
+    && grep -qx "kwok $KWOK_VERSION" "$BIN/VERSIONS" 2>/dev/null; then
   log "cached: $BIN (k8s $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION); nothing to build"
   [ -n "$ASSETS" ] && merge_assets
   publish "$BIN"
@@ -92,7 +93,7 @@ fi
 
 # ---------------------------------------------------------------- 4. build
 if [ "$CHECK_ONLY" = 1 ]; then
-  echo "ensure-binaries: error: the Kubernetes binaries are not in $BIN (missing: $(missing_in "$BIN" | tr '\n' ' '))." >&2
+  echo "ensure-binaries: error: no Kubernetes binaries for k8s $K8S_VERSION / etcd $ETCD_VERSION / kwok $KWOK_VERSION in $BIN." >&2
   echo "  Build them once with 'make k8s-binaries' (bash hack/cluster/ensure-binaries.sh; needs go >= 1.26" >&2
   echo "  and the Go module proxy), or set PREFIXROUTER_K8S_BIN / KUBEBUILDER_ASSETS to a directory holding: ${BINARIES[*]}" >&2
   exit 3
@@ -106,6 +107,13 @@ if [ -z "$GO" ]; then
   Install Go (https://go.dev/dl/), or point PREFIXROUTER_K8S_BIN (or KUBEBUILDER_ASSETS) at a directory
   holding: ${BINARIES[*]}"
   fi
+fi
+if ! command -v "$GO" >/dev/null 2>&1; then
+  die "GO=$GO is not an executable go; install Go >= 1.26 or point PREFIXROUTER_K8S_BIN at prebuilt binaries"
+fi
+go_minor="$("$GO" env GOVERSION 2>/dev/null | sed -n 's/^go1\.\([0-9]*\).*/\1/p')"
+if [ -n "$go_minor" ] && [ "$go_minor" -lt 26 ]; then
+  die "$GO is $("$GO" env GOVERSION); k8s $K8S_VERSION needs go >= 1.26 (or set GOTOOLCHAIN=auto to let go fetch one)"
 fi
 export GOPROXY="${GOPROXY:-https://proxy.golang.org}"
 export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"

@@ -51,8 +51,11 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         return
     try:
         bin_dir = controlplane.ensure_binaries(build=_truthy("PREFIXROUTER_K8S_BUILD"))
+        problem = ""
     except BinariesUnavailable as e:
-        _unavailable(str(e))
+        problem = str(e)
+    if problem:
+        _unavailable(problem)
     keep = os.environ.get("PREFIXROUTER_KEEP_CLUSTER_DIR")
     if keep:
         work = Path(keep)

@@ -125,7 +125,8 @@ CRD = {
             "subresources": {
                 "status": {},
                 "scale": {"specReplicasPath": ".spec.replicas",
-                          "statusReplicasPath": ".status.replicas"},
+                          "statusReplicasPath": ".status.replicas",
+                          "labelSelectorPath": ".status.selector"},
             },
             "schema": {"openAPIV3Schema": {
                 "type": "object",
@@ -134,6 +135,7 @@ CRD = {
                              "properties": {"replicas": {"type": "integer"}}},
                     "status": {"type": "object",
                                "properties": {"replicas": {"type": "integer"},
+                                              "selector": {"type": "string"},
                                               "phase": {"type": "string"}}},
                 },
             }},
@@ -169,6 +171,32 @@ def test_crd_with_status_subresource(control_plane, namespace):
     # the scale subresource (what an HPA targets)
     cp.kubectl("scale", "widget", "w1", "-n", namespace, "--replicas=3")
     assert cp.kubectl_json("get", "widget", "w1", "-n", namespace)["spec"]["replicas"] == 3
+
+
+def test_hpa_scales_a_custom_resource(control_plane, namespace):
+    """The HPA controller (5s sync) drives a CR through its scale subresource."""
+    cp = control_plane
+    cp.apply(CRD)
+    cp.kubectl("wait", "--for=condition=Established", "--timeout=30s",
+               "crd/widgets.cptest.prefixrouter.io")
+    cr = {"apiVersion": "cptest.prefixrouter.io/v1", "kind": "Widget",
+          "metadata": {"name": "scaled", "namespace": namespace}, "spec": {"replicas": 1}}
+    cp.wait_for(lambda: cp.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(cr),
+                                   check=False).returncode == 0,
+                30, "the Widget kind to be served")
+    cp.kubectl("patch", "widget", "scaled", "-n", namespace, "--subresource=status",
+               "--type=merge", "-p", '{"status": {"replicas": 1, "selector": "app=scaled"}}')
+    hpa = {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+           "metadata": {"name": "scaled", "namespace": namespace},
+           "spec": {"scaleTargetRef": {"apiVersion": "cptest.prefixrouter.io/v1",
+                                       "kind": "Widget", "name": "scaled"},
+                    "minReplicas": 3, "maxReplicas": 5,
+                    "metrics": [{"type": "Resource", "resource": {
+                        "name": "cpu", "target": {"type": "Utilization",
+                                                  "averageUtilization": 50}}}]}}
+    cp.apply(hpa)
+    cp.wait_for(lambda: cp.kubectl_json("get", "widget", "scaled", "-n", namespace)["spec"]
+                ["replicas"] == 3, 60, "the HPA to raise the Widget to minReplicas")
 
 
 def test_service_account_token(control_plane, namespace):
