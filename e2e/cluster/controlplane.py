@@ -745,7 +745,19 @@ class ExistingCluster:
                                 + (f" (last error: {last_exc})" if last_exc else ""))
 
 
-if __name__ == "__main__":  # manual use: python e2e/cluster/controlplane.py [workdir]
+def _print_fake_nodes(count: int) -> None:
+    """A v1 List of fake GPU Nodes (for kind: kubectl apply -f - with kwok running)."""
+    cp = ControlPlane(".", ".", nodes=count)
+    items = [cp.node_manifest(n) for n in cp.node_names]
+    print(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}, indent=2))
+
+
+if __name__ == "__main__":
+    # python e2e/cluster/controlplane.py [workdir]     start one, print KUBECONFIG, wait
+    # python e2e/cluster/controlplane.py fake-nodes [N] print N fake GPU Node manifests
+    if sys.argv[1:2] == ["fake-nodes"]:
+        _print_fake_nodes(int(sys.argv[2]) if len(sys.argv) > 2 else 2)
+        sys.exit(0)
     work = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/prefixrouter-controlplane")
     shutil.rmtree(work, ignore_errors=True)
     cp = ControlPlane(ensure_binaries(build=False), work).start()
