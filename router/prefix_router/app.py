@@ -163,6 +163,8 @@ def build_app(
     the_store = store or make_store(settings)
     router = Router(settings, backends, the_store, LoadTracker(), RouterMetrics())
     app[ROUTER] = router
+    if hasattr(the_store, "load_source"):
+        the_store.load_source = router.load  # type: ignore[attr-defined]
     backends.on_gone(the_store.drop_backend)
     backends.on_gone(router.load.forget)
     the_discovery = discovery or make_discovery(settings)

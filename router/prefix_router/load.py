@@ -9,12 +9,14 @@ from __future__ import annotations
 
 
 class LoadTracker:
-    __slots__ = ("_external", "_inflight", "_pending")
+    __slots__ = ("_external", "_inflight", "_pending", "_remote")
 
     def __init__(self) -> None:
         self._inflight: dict[str, int] = {}
         self._pending: dict[str, float] = {}
         self._external: dict[str, float] = {}
+        # in flight through OTHER router replicas (shared store), refreshed on a timer
+        self._remote: dict[str, float] = {}
 
     def start(self, backend: str, prefill_tokens: float) -> None:
         self._inflight[backend] = self._inflight.get(backend, 0) + 1
@@ -29,11 +31,24 @@ class LoadTracker:
         self._inflight[backend] = n if n > 0 else 0
 
     def engine_report(self, backend: str, running_plus_waiting: float) -> None:
-        extra = running_plus_waiting - self._inflight.get(backend, 0)
+        # what the engine runs beyond what the routers we know of sent it
+        extra = (
+            running_plus_waiting - self._inflight.get(backend, 0) - self._remote.get(backend, 0.0)
+        )
         self._external[backend] = extra if extra > 0 else 0.0
 
+    def set_remote(self, counts: dict[str, float]) -> None:
+        self._remote = counts
+
+    def own_counts(self) -> dict[str, int]:
+        return {b: n for b, n in self._inflight.items() if n}
+
     def inflight(self, backend: str) -> float:
-        return self._inflight.get(backend, 0) + self._external.get(backend, 0.0)
+        return (
+            self._inflight.get(backend, 0)
+            + self._remote.get(backend, 0.0)
+            + self._external.get(backend, 0.0)
+        )
 
     def own_inflight(self, backend: str) -> int:
         return self._inflight.get(backend, 0)

@@ -181,6 +181,7 @@ class Router:
     ) -> None:
         predicted = self.predicted_tokens(plan, backend)
         self.metrics.observe_prediction(plan.prompt_tokens, predicted)
+        self.store.observe(plan.prompt_tokens, predicted)
         if usage is not None:
             prompt, cached = usage
             self.metrics.observe_usage(predicted, prompt, cached)

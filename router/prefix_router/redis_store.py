@@ -1,0 +1,390 @@
+"""The shared table store: one ownership table and load picture for every router replica.
+
+Key layout (all under `prefixrouter:<model_key>:`, where model_key is `<namespace>/<name>`
+of the PrefixRoutedModel, so the operator's finalizer can delete a model's keys by prefix;
+keys carry block hashes in hex, never prompt text):
+  o:<model>:<hash>        HASH  backend -> last use (unix s); the owners of one prefix block
+  lru:<model>:<backend>   ZSET  hash scored by last use; the backend's capacity model
+  ws:<bucket>             HLL   block hashes requested in a 10 s bucket (working set, a union
+                                across router replicas, not a sum)
+  load:<router id>        HASH  backend -> this router's in-flight requests (expires in 3 s,
+                                so a dead router's load disappears by itself)
+  routers                 ZSET  router id scored by its last heartbeat
+  models                  SET   model names with ownership here (for dropping a backend)
+  router:<router id>      HASH  windowed figures for the operator and the metrics adapter
+                                (prompt_tokens, cached_tokens, working_set_tokens, in_flight,
+                                updated_at), as operator/prefix_operator/figures.py reads them
+Round trips: a lookup is one EVALSHA for the whole chain; writes are queued and flushed as one
+pipeline every few milliseconds; load and figures are exchanged on timers, never per request.
+The scripts touch keys they compute from a prefix, so this store needs a single Redis (or a
+cluster with every key of a model in one hash slot), not a sharded cluster.
+
+Near-cache: a lookup answer is reused for `near_cache_ttl_ms` (default 250 ms: the bounded
+staleness); the router's own records since then are merged in from a local table, so its
+next request sees them at once. When Redis is slow or down (the per-request budget
+`timeout_ms` is exceeded, or a command fails), routing continues on a full local table kept in
+step with every record, the store reports `degraded`, and a background loop reconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections import deque
+from collections.abc import Sequence
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from .config import RouterSettings
+from .store import LocalStore
+
+log = logging.getLogger("prefix_router.redis_store")
+
+_LOOKUP = """
+local alive = nil
+local depth = {}
+for i, k in ipairs(KEYS) do
+  local owners = redis.call('HKEYS', k)
+  if #owners == 0 then break end
+  local cur = {}
+  local any = false
+  for _, b in ipairs(owners) do
+    if alive == nil or alive[b] then cur[b] = true; depth[b] = i; any = true end
+  end
+  if not any then break end
+  alive = cur
+end
+local out = {}
+for b, d in pairs(depth) do out[#out + 1] = b; out[#out + 1] = d end
+return out
+"""
+
+_RECORD = """
+local p, model, be = ARGV[1], ARGV[2], ARGV[3]
+local now, ttl, cap = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local lru = p .. 'lru:' .. model .. ':' .. be
+local ob = p .. 'o:' .. model .. ':'
+for i = 7, #ARGV do
+  local k = ob .. ARGV[i]
+  redis.call('HSET', k, be, now)
+  redis.call('EXPIRE', k, ttl)
+  -- deeper blocks score a little older, so a chain's tail is trimmed before its head
+  redis.call('ZADD', lru, now - (i - 7) * 1e-6, ARGV[i])
+end
+local old = redis.call('ZRANGEBYSCORE', lru, '-inf', now - ttl)
+for _, h in ipairs(old) do redis.call('HDEL', ob .. h, be) end
+if #old > 0 then redis.call('ZREMRANGEBYSCORE', lru, '-inf', now - ttl) end
+local extra = redis.call('ZCARD', lru) - cap
+if extra > 0 then
+  local gone = redis.call('ZPOPMIN', lru, extra)
+  for j = 1, #gone, 2 do redis.call('HDEL', ob .. gone[j], be) end
+end
+redis.call('EXPIRE', lru, ttl)
+return 0
+"""
+
+_DROP = """
+local p, be = ARGV[1], ARGV[2]
+local n = 0
+for _, model in ipairs(redis.call('SMEMBERS', p .. 'models')) do
+  local lru = p .. 'lru:' .. model .. ':' .. be
+  local all = redis.call('ZRANGE', lru, 0, -1)
+  for _, h in ipairs(all) do redis.call('HDEL', p .. 'o:' .. model .. ':' .. h, be) end
+  redis.call('DEL', lru)
+  n = n + #all
+end
+return n
+"""
+
+WS_BUCKET_S = 10
+WS_WINDOW_S = 60
+LOAD_EXPIRY_S = 3
+LOAD_PERIOD_S = 0.2
+FIGURES_PERIOD_S = 1.0
+
+
+def _hex(h: int) -> str:
+    return format(h, "016x")
+
+
+class RedisStore:
+    def __init__(self, s: RouterSettings, router_id: str | None = None) -> None:
+        self._s = s
+        st = s.store
+        assert st.url
+        password = os.environ.get(st.password_env) if st.password_env else None
+        self._redis = aioredis.from_url(
+            st.url,
+            password=password,
+            username=st.username,
+            socket_timeout=1.0,
+            socket_connect_timeout=1.0,
+            health_check_interval=0,
+            decode_responses=True,
+        )
+        self._prefix = f"prefixrouter:{s.model_key}:"
+        self._budget = st.timeout_ms / 1000.0
+        self._near_ttl = st.near_cache_ttl_ms / 1000.0
+        cap = s.kv_capacity_tokens // s.block_size if s.kv_capacity_tokens else 0
+        self._cap_blocks = cap or max(1000, st.max_entries_per_model // 16)
+        self._ttl = int(max(1, s.ttl_seconds))
+        self.router_id = router_id or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+        self._fallback = LocalStore(
+            s.block_size, s.kv_capacity_tokens, s.ttl_seconds, s.max_table_entries, s.max_owners
+        )
+        # own records not yet flushed, merged into shared answers
+        self._recent = self._new_recent()
+        self._near: dict[tuple[str, int, int], tuple[float, dict[str, int]]] = {}
+        self._queue: list[tuple[str, list[int], str]] = []
+        self._drops: list[str] = []
+        self._ws: list[int] = []
+        self._models: set[str] = set()
+        self._degraded_until = 0.0
+        self._down = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._sha: dict[str, str] = {}
+        self.round_trips = 0
+        self.load_source = None  # set by the app: a LoadTracker
+        self._window: deque[tuple[float, float, float]] = deque()
+
+    def _new_recent(self) -> LocalStore:
+        return LocalStore(self._s.block_size, 0, 3.0, 200_000, 0)
+
+    # -- lifecycle --------------------------------------------------------------------------
+    async def start(self) -> None:
+        try:
+            await self._load_scripts()
+        except (RedisError, OSError) as exc:
+            self._fail(exc)
+        self._tasks = [
+            asyncio.create_task(self._flush_loop(), name="redis-flush"),
+            asyncio.create_task(self._load_loop(), name="redis-load"),
+            asyncio.create_task(self._figures_loop(), name="redis-figures"),
+            asyncio.create_task(self._reconnect_loop(), name="redis-reconnect"),
+        ]
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        with contextlib.suppress(RedisError, OSError):
+            await self._flush()
+        await self._redis.aclose()
+
+    async def _load_scripts(self) -> None:
+        for name, body in (("lookup", _LOOKUP), ("record", _RECORD), ("drop", _DROP)):
+            self._sha[name] = await self._redis.script_load(body)
+
+    # -- health -----------------------------------------------------------------------------
+    @property
+    def degraded(self) -> bool:
+        return self._down
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self._down:
+            log.warning("shared store unavailable (%r): routing on local state", exc)
+        self._down = True
+        self._degraded_until = time.monotonic() + 1.0
+
+    async def _reconnect_loop(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            if not self._down or time.monotonic() < self._degraded_until:
+                continue
+            try:
+                await self._redis.ping()
+                await self._load_scripts()  # an emptied or restarted Redis lost them
+            except (RedisError, OSError) as exc:
+                self._degraded_until = time.monotonic() + 1.0
+                log.debug("reconnect failed: %r", exc)
+                continue
+            self._down = False
+            self._near.clear()
+            log.info("shared store back: routing on the shared table again")
+
+    # -- the table --------------------------------------------------------------------------
+    async def lookup(self, model: str, hashes: Sequence[int]) -> dict[str, int]:
+        if not hashes:
+            return {}
+        self._ws.extend(hashes)
+        if self._down:
+            return await self._fallback.lookup(model, hashes)
+        now = time.monotonic()
+        key = (model, hashes[-1], len(hashes))
+        hit = self._near.get(key)
+        if hit is not None and now - hit[0] <= self._near_ttl:
+            shared = hit[1]
+        else:
+            keys = [f"{self._prefix}o:{model}:{_hex(h)}" for h in hashes]
+            try:
+                async with asyncio.timeout(self._budget):
+                    flat = await self._redis.evalsha(self._sha["lookup"], len(keys), *keys)
+                self.round_trips += 1
+            except (TimeoutError, RedisError, OSError, KeyError) as exc:
+                self._fail(exc)
+                return await self._fallback.lookup(model, hashes)
+            shared = {flat[i]: int(flat[i + 1]) for i in range(0, len(flat), 2)}
+            if len(self._near) > 20_000:
+                self._near.clear()
+            self._near[key] = (now, shared)
+        mine = await self._recent.lookup(model, hashes)
+        if not mine:
+            return shared
+        merged = dict(shared)
+        for b, d in mine.items():
+            if d > merged.get(b, 0):
+                merged[b] = d
+        return merged
+
+    def record(self, model: str, hashes: Sequence[int], backend: str) -> None:
+        if not hashes:
+            return
+        self._fallback.record(model, hashes, backend)
+        self._recent.record(model, hashes, backend)
+        self._models.add(model)
+        if len(self._queue) < 50_000:  # bounded: under a long outage the oldest writes wait
+            self._queue.append((model, list(hashes), backend))
+
+    def drop_backend(self, backend: str) -> None:
+        self._fallback.drop_backend(backend)
+        self._recent.drop_backend(backend)
+        self._near.clear()
+        self._drops.append(backend)
+
+    def occupancy(self, model: str, backend: str) -> float:
+        return self._fallback.occupancy(model, backend)
+
+    def expire(self) -> int:
+        self._recent.expire()
+        return self._fallback.expire()
+
+    def entries(self) -> int:
+        return self._fallback.entries()
+
+    def observe(self, prompt_tokens: float, predicted_cached: float) -> None:
+        """Feed the windowed figures (called once per routed request)."""
+        self._window.append((time.time(), prompt_tokens, predicted_cached))
+
+    # -- background work --------------------------------------------------------------------
+    async def _flush(self) -> None:
+        if not (self._queue or self._drops or self._ws):
+            return
+        batch, self._queue = self._queue[:2000], self._queue[2000:]
+        drops, self._drops = self._drops, []
+        ws, self._ws = self._ws, []
+        recent, self._recent = self._recent, self._new_recent()
+        now = time.time()
+        pipe = self._redis.pipeline(transaction=False)
+        for model, hashes, backend in batch:
+            pipe.evalsha(
+                self._sha["record"],
+                0,
+                self._prefix,
+                model,
+                backend,
+                now,
+                self._ttl,
+                self._cap_blocks,
+                *(_hex(h) for h in hashes),
+            )
+        models = {m for m, _h, _b in batch}
+        if models:
+            pipe.sadd(f"{self._prefix}models", *models)
+            pipe.expire(f"{self._prefix}models", self._ttl)
+        for backend in drops:
+            pipe.evalsha(self._sha["drop"], 0, self._prefix, backend)
+        if ws:
+            bucket = f"{self._prefix}ws:{int(now // WS_BUCKET_S)}"
+            pipe.pfadd(bucket, *{_hex(h) for h in ws})
+            pipe.expire(bucket, WS_WINDOW_S + 2 * WS_BUCKET_S)
+        try:
+            await pipe.execute()
+            self.round_trips += 1
+        except (RedisError, OSError) as exc:
+            self._queue[:0] = batch  # nothing lost: written again once Redis is back
+            self._drops[:0] = drops
+            self._recent = recent
+            self._fail(exc)
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(0.005)
+            if self._down:
+                continue
+            with contextlib.suppress(asyncio.CancelledError, KeyError):
+                await self._flush()
+
+    async def _load_loop(self) -> None:
+        key = f"{self._prefix}load:{self.router_id}"
+        routers = f"{self._prefix}routers"
+        while True:
+            await asyncio.sleep(LOAD_PERIOD_S)
+            load = self.load_source
+            if load is None or self._down:
+                continue
+            mine = load.own_counts()
+            now = time.time()
+            try:
+                pipe = self._redis.pipeline(transaction=False)
+                pipe.delete(key)
+                if mine:
+                    pipe.hset(key, mapping={b: n for b, n in mine.items()})
+                pipe.expire(key, LOAD_EXPIRY_S)
+                pipe.zadd(routers, {self.router_id: now})
+                pipe.zremrangebyscore(routers, "-inf", now - LOAD_EXPIRY_S)
+                pipe.zrangebyscore(routers, now - LOAD_EXPIRY_S, "+inf")
+                res = await pipe.execute()
+                others = [r for r in res[-1] if r != self.router_id]
+                remote: dict[str, float] = {}
+                if others:
+                    pipe = self._redis.pipeline(transaction=False)
+                    for r in others:
+                        pipe.hgetall(f"{self._prefix}load:{r}")
+                    for h in await pipe.execute():
+                        for b, n in h.items():
+                            remote[b] = remote.get(b, 0.0) + float(n)
+                load.set_remote(remote)
+            except (RedisError, OSError, ValueError) as exc:
+                self._fail(exc)
+
+    def working_set_keys(self, now: float) -> list[str]:
+        b = int(now // WS_BUCKET_S)
+        return [f"{self._prefix}ws:{b - i}" for i in range(WS_WINDOW_S // WS_BUCKET_S)]
+
+    async def _figures_loop(self) -> None:
+        key = f"{self._prefix}router:{self.router_id}"
+        while True:
+            await asyncio.sleep(FIGURES_PERIOD_S)
+            now = time.time()
+            win = self._window
+            while win and win[0][0] < now - WS_WINDOW_S:
+                win.popleft()
+            if self._down:
+                continue
+            prompt = sum(w[1] for w in win)
+            cached = sum(w[2] for w in win)
+            load = self.load_source
+            inflight = sum(load.own_counts().values()) if load is not None else 0
+            try:
+                blocks = await self._redis.pfcount(*self.working_set_keys(now))
+                await self._redis.hset(
+                    key,
+                    mapping={
+                        "prompt_tokens": prompt,
+                        "cached_tokens": cached,
+                        "working_set_tokens": blocks * self._s.block_size,
+                        "in_flight": inflight,
+                        "updated_at": now,
+                    },
+                )
+                await self._redis.expire(key, 2 * WS_WINDOW_S)
+            except (RedisError, OSError) as exc:
+                self._fail(exc)

@@ -1,0 +1,173 @@
+"""RedisStore against a real redis-server: shared table, capacity, membership, load, faults."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis.asyncio as aioredis
+
+from prefix_operator.figures import aggregate
+from prefix_router.config import RouterSettings
+from prefix_router.load import LoadTracker
+from prefix_router.redis_store import RedisStore
+
+pytestmark = pytest.mark.redis
+
+
+def settings(url: str, **kw) -> RouterSettings:
+    store = {"mode": "redis", "url": url, "timeout_ms": 20, "near_cache_ttl_ms": 0}
+    store.update(kw.pop("store", {}))
+    return RouterSettings.model_validate(
+        {"model_key": "ns/m", "kv_capacity_tokens": 16 * 50, "store": store, **kw}
+    )
+
+
+async def pair(url: str, **kw):
+    a, b = RedisStore(settings(url, **kw), "ra"), RedisStore(settings(url, **kw), "rb")
+    await a.start()
+    await b.start()
+    return a, b
+
+
+async def settle() -> None:
+    await asyncio.sleep(0.05)  # longer than the 5 ms flush period
+
+
+async def test_one_router_sees_what_another_wrote_in_one_round_trip(redis_server):
+    a, b = await pair(redis_server.url)
+    try:
+        chain = list(range(1, 21))
+        a.record("m", chain, "http://e1")
+        await settle()
+        before = b.round_trips
+        assert await b.lookup("m", chain) == {"http://e1": 20}
+        assert b.round_trips - before == 1
+        assert await b.lookup("m", [1, 2, 99]) == {"http://e1": 2}
+        # commandstats: one EVALSHA per lookup, one pipeline per flush
+        info = await aioredis.from_url(redis_server.url).info("commandstats")
+        assert info["cmdstat_evalsha"]["calls"] >= 2
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_capacity_model_is_shared(redis_server):
+    a, b = await pair(redis_server.url)  # 50 blocks per backend
+    try:
+        a.record("m", list(range(1000, 1040)), "http://e1")
+        await settle()
+        b.record("m", list(range(2000, 2040)), "http://e1")
+        await settle()
+        r = aioredis.from_url(redis_server.url)
+        assert await r.zcard("prefixrouter:ns/m:lru:m:http://e1") == 50
+        # the older chain lost its tail first
+        got = await b.lookup("m", list(range(1000, 1040)))
+        assert got == {"http://e1": 10}
+        assert await a.lookup("m", list(range(2000, 2040))) == {"http://e1": 40}
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_backend_that_leaves_is_gone_for_every_router(redis_server):
+    a, b = await pair(redis_server.url)
+    try:
+        a.record("m", [1, 2, 3], "http://e1")
+        a.record("m", [1, 2, 3], "http://e2")
+        await settle()
+        b.drop_backend("http://e1")
+        await settle()
+        assert await a.lookup("m", [1, 2, 3]) == {"http://e2": 3}
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_load_is_shared_and_a_dead_router_stops_counting(redis_server):
+    a, b = await pair(redis_server.url)
+    la, lb = LoadTracker(), LoadTracker()
+    a.load_source, b.load_source = la, lb
+    try:
+        for _ in range(4):
+            la.start("http://e1", 0)
+        await asyncio.sleep(0.6)
+        assert lb.inflight("http://e1") == 4
+        assert la.inflight("http://e1") == 4  # its own, not doubled
+        await a.close()  # router A dies with 4 requests "in flight"
+        await asyncio.sleep(3.6)
+        assert lb.inflight("http://e1") == 0
+    finally:
+        await b.close()
+
+
+async def test_redis_down_routes_on_local_state_and_recovers(redis_server):
+    a, b = await pair(redis_server.url)
+    try:
+        a.record("m", [7, 8, 9], "http://e1")
+        await settle()
+        redis_server.stop()
+        t0 = time.perf_counter()
+        got = await a.lookup("m", [7, 8, 9])
+        assert time.perf_counter() - t0 < 0.5
+        assert got == {"http://e1": 3}  # the local table answered
+        assert a.degraded
+        a.record("m", [10, 11], "http://e2")  # queued, not lost
+        redis_server.start()  # back, and empty
+        for _ in range(60):
+            if not a.degraded and not b.degraded:
+                break
+            await asyncio.sleep(0.1)
+        assert not a.degraded and not b.degraded
+        await asyncio.sleep(0.1)
+        assert await b.lookup("m", [10, 11]) == {"http://e2": 2}
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_password_auth(make_redis, monkeypatch):
+    srv = make_redis(password="s3cret")
+    try:
+        monkeypatch.setenv("TEST_REDIS_PASSWORD", "s3cret")
+        s = RedisStore(settings(srv.url, store={"password_env": "TEST_REDIS_PASSWORD"}), "r")
+        await s.start()
+        s.record("m", [1, 2], "http://e1")
+        await settle()
+        assert await s.lookup("m", [1, 2]) == {"http://e1": 2}
+        assert not s.degraded
+        await s.close()
+        monkeypatch.setenv("TEST_REDIS_PASSWORD", "wrong")
+        bad = RedisStore(settings(srv.url, store={"password_env": "TEST_REDIS_PASSWORD"}), "r")
+        await bad.start()
+        assert bad.degraded
+        assert await bad.lookup("m", [1, 2]) == {}
+        await bad.close()
+    finally:
+        srv.stop()
+
+
+async def test_figures_published_for_the_operator(redis_server):
+    a, b = await pair(redis_server.url)
+    la = LoadTracker()
+    a.load_source = la
+    try:
+        la.start("http://e1", 0)
+        await a.lookup("m", list(range(1, 11)))
+        await b.lookup("m", list(range(1, 11)))  # same prefix through another router
+        await b.lookup("m", list(range(100, 105)))
+        a.observe(160, 120)
+        b.observe(80, 0)
+        await asyncio.sleep(1.3)
+        r = aioredis.from_url(redis_server.url, decode_responses=True)
+        pubs = [await r.hgetall(f"prefixrouter:ns/m:router:{rid}") for rid in ("ra", "rb")]
+        fig = aggregate(pubs, now=time.time(), ready_replicas=2, kv_capacity_tokens=800)
+        assert fig.routers == 2
+        assert fig.hit_rate == pytest.approx(0.5, abs=0.01)
+        # 15 distinct blocks of 16 tokens: a union, not 25 blocks
+        assert fig.cache_pressure == pytest.approx(15 * 16 / 1600, abs=0.02)
+        assert fig.load == 0.5
+    finally:
+        await a.close()
+        await b.close()
