@@ -126,6 +126,43 @@ class Fleet:
         ]
         return await self.start(name, args, port, "/readyz", env=env)
 
+    async def start_redis(self) -> str:
+        """A throw-away redis-server on a free port (no persistence); returns its URL."""
+        import shutil
+
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
+        port = free_port()
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = (self.log_dir / "redis.log").open("wb")
+        proc = await asyncio.create_subprocess_exec(
+            exe,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            stdout=log,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        self.procs.append(
+            Proc("redis", f"redis://127.0.0.1:{port}", proc, self.log_dir / "redis.log")
+        )
+        for _ in range(100):
+            try:
+                _r, w = await asyncio.open_connection("127.0.0.1", port)
+                w.close()
+                return f"redis://127.0.0.1:{port}/0"
+            except OSError:
+                await asyncio.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
     async def stop(self, p: Proc, sig: str = "term") -> None:
         if p.process.returncode is None:
             with contextlib.suppress(ProcessLookupError):

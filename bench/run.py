@@ -129,7 +129,10 @@ async def run(cfg: RunConfig) -> dict:
         sim_urls = [p.url for p in sims]
         extra = list(cfg.router_args)
         if cfg.store == "redis":
-            extra += ["--store", "redis", "--redis-url", cfg.redis_url or ""]
+            url = cfg.redis_url
+            if not url:
+                url = await fleet.start_redis()
+            extra += ["--store", "redis", "--redis-url", url, "--model-key", "bench/model"]
         routers = []
         for k in range(cfg.router_replicas):
             routers.append(
