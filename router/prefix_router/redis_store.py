@@ -260,7 +260,10 @@ class RedisStore:
         self._drops.append(backend)
 
     def occupancy(self, model: str, backend: str) -> float:
-        return self._fallback.occupancy(model, backend)
+        # Each router's local view of occupancy differs; using it would make replicas place
+        # the same new prefix on different backends. Without it, ties fall to the rendezvous
+        # hash of the prefix, which every router computes alike.
+        return 0.0
 
     def expire(self) -> int:
         self._recent.expire()
