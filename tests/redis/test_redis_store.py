@@ -46,7 +46,9 @@ async def test_one_router_sees_what_another_wrote_in_one_round_trip(redis_server
         assert b.round_trips - before == 1
         assert await b.lookup("m", [1, 2, 99]) == {"http://e1": 2}
         # commandstats: one EVALSHA per lookup, one pipeline per flush
-        info = await aioredis.from_url(redis_server.url).info("commandstats")
+        raw = aioredis.from_url(redis_server.url)
+        info = await raw.info("commandstats")
+        await raw.aclose()
         assert info["cmdstat_evalsha"]["calls"] >= 2
     finally:
         await a.close()
@@ -62,6 +64,7 @@ async def test_capacity_model_is_shared(redis_server):
         await settle()
         r = aioredis.from_url(redis_server.url)
         assert await r.zcard("prefixrouter:ns/m:lru:m:http://e1") == 50
+        await r.aclose()
         # the older chain lost its tail first
         got = await b.lookup("m", list(range(1000, 1040)))
         assert got == {"http://e1": 10}
@@ -162,6 +165,7 @@ async def test_figures_published_for_the_operator(redis_server):
         await asyncio.sleep(1.3)
         r = aioredis.from_url(redis_server.url, decode_responses=True)
         pubs = [await r.hgetall(f"prefixrouter:ns/m:router:{rid}") for rid in ("ra", "rb")]
+        await r.aclose()
         fig = aggregate(pubs, now=time.time(), ready_replicas=2, kv_capacity_tokens=800)
         assert fig.routers == 2
         assert fig.hit_rate == pytest.approx(0.5, abs=0.01)
