@@ -86,26 +86,21 @@ class RouterMetrics:
         self._children: dict[tuple[str, ...], object] = {}
 
     # labels() costs a lock and a tuple build per call; the hot path reuses the children.
-    def count_request(self, backend: str, outcome: str) -> None:
-        key = ("r", backend, outcome)
+    def _child(self, metric, *labels: str):
+        key = (metric._name, *labels)
         child = self._children.get(key)
         if child is None:
-            child = self._children[key] = self.requests.labels(backend, outcome)
-        child.inc()  # type: ignore[attr-defined]
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def count_request(self, backend: str, outcome: str) -> None:
+        self._child(self.requests, backend, outcome).inc()
 
     def count_decision(self, policy: str, reason: str) -> None:
-        key = ("d", policy, reason)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = self.decisions.labels(policy, reason)
-        child.inc()  # type: ignore[attr-defined]
+        self._child(self.decisions, policy, reason).inc()
 
     def set_inflight(self, backend: str, value: float) -> None:
-        key = ("i", backend)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = self.inflight.labels(backend)
-        child.set(value)  # type: ignore[attr-defined]
+        self._child(self.inflight, backend).set(value)
 
     def observe_prediction(self, prompt_tokens: float, predicted: float) -> None:
         self.prompt_tokens.inc(prompt_tokens)
