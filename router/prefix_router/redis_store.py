@@ -322,8 +322,10 @@ class RedisStore:
             await asyncio.sleep(0.005)
             if self._down:
                 continue
-            with contextlib.suppress(asyncio.CancelledError, KeyError):
+            try:
                 await self._flush()
+            except KeyError:  # scripts not loaded yet (Redis was down at start)
+                self._fail(RuntimeError("scripts not loaded"))
 
     async def _load_loop(self) -> None:
         key = f"{self._prefix}load:{self.router_id}"
