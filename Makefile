@@ -24,7 +24,10 @@ demo: $(STAMP)
 
 test: $(STAMP) redis k8s-binaries
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -rs
+	$(PY) -m pytest -q -rs --ignore=tests/redis
+	# The Redis store tests run in their own process: inside the full session one of them
+	# has hung (after the operator tests; cause not found yet), alone they pass every time.
+	$(PY) -m pytest -q -rs tests/redis
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
