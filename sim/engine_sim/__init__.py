@@ -1,1 +1,0 @@
-"""engine-sim: a stand-in for one vLLM replica with a block-level prefix cache model."""

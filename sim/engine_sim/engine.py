@@ -1,236 +1,220 @@
-"""The engine: one asyncio task that runs the scheduler's steps in (scaled) simulated time.
+"""One simulated engine: continuous batching over a paged prefix cache, on asyncio.
 
-Requests come in through `submit`, their tokens go out through a per-request queue. The loop
-sleeps while idle (no CPU burnt), and sleeps each step's duration x time_scale while busy,
-against a running deadline so the loop's own latency does not stretch simulated time.
+Requests wait in FIFO order; the head is admitted when a running slot (max_num_seqs) and its KV
+blocks are free (no skipping ahead, as vLLM's FCFS policy). Each step the scheduler prefills up
+to max_batched_tokens of UNCACHED prompt tokens and decodes one token for every sequence past
+prefill, then sleeps for the profile's step time. Token delivery goes to per-request queues.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
-import logging
 import time
-from collections.abc import AsyncIterator
+from collections import deque
 from dataclasses import dataclass, field
 
-from .generation import OutputStream
-from .kvcache import PrefixCache
-from .profiles import Profile
-from .scheduler import Scheduler, Sequence, Step
+from .kvcache import PrefixCache, block_hashes
+from .profiles import Profile, step_time
+from .tokenizer import BYTES_PER_TOKEN, count_tokens
 
-log = logging.getLogger("engine_sim.engine")
-
-# How far behind its deadline the loop may fall before it stops trying to catch up (a burst
-# of zero-length sleeps would be worse than a little drift).
-_MAX_LAG_S = 0.05
+# 4-byte output pieces (one token each) so len(output bytes) == 4 x completion tokens.
+_PIECES = [a + b + c + " " for a in "bdfklmnprstvz" for b in "aeiou" for c in "nrstl"]
 
 
-class EngineError(ValueError):
-    """A request the engine cannot take (reported to the client as a 400)."""
-
-
-@dataclass
-class Stats:
-    """Counters behind GET /stats; reset by POST /reset."""
-
-    requests: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    generation_tokens: int = 0
-    aborted: int = 0
-
-    def reset(self) -> None:
-        self.requests = self.prompt_tokens = self.cached_tokens = 0
-        self.generation_tokens = self.aborted = 0
+def output_piece(seed: int, i: int) -> str:
+    return _PIECES[(seed * 2654435761 + i * 40503) % len(_PIECES)]
 
 
 @dataclass(eq=False)
 class Request:
-    seq: Sequence
-    arrival: float
-    queue: asyncio.Queue[str | None] = field(default_factory=asyncio.Queue)
-    admitted_at: float | None = None
+    prompt: bytes
+    max_tokens: int
+    seed: int
+    prompt_tokens: int = 0
+    hashes: list[int] = field(default_factory=list)
+    total_blocks: int = 0
+    cached_tokens: int = 0
+    prefill_left: int = 0
+    generated: int = 0
+    arrived: float = 0.0
     first_token_at: float | None = None
-    finished_at: float | None = None
-
-    @property
-    def prompt_tokens(self) -> int:
-        return self.seq.num_prompt
-
-    @property
-    def cached_tokens(self) -> int:
-        return self.seq.num_cached
-
-    @property
-    def completion_tokens(self) -> int:
-        return len(self.seq.output_ids)
-
-    @property
-    def done(self) -> bool:
-        return self.seq.finished or self.seq.aborted
+    out: asyncio.Queue[str | None] = field(default_factory=asyncio.Queue)
+    done: bool = False
+    cancelled: bool = False
+    admitted: bool = False
+    text: list[str] = field(default_factory=list)
 
 
-class EngineObserver:
-    """Hooks for metrics; the default does nothing."""
-
-    def on_admitted(self, req: Request) -> None: ...
-    def on_first_token(self, req: Request) -> None: ...
-    def on_finished(self, req: Request) -> None: ...
-    def on_step(self, step: Step) -> None: ...
-    def on_tokens(self, count: int) -> None: ...
+@dataclass
+class Counters:
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generation_tokens: int = 0
 
 
 class Engine:
     def __init__(
         self,
         profile: Profile,
-        cache: PrefixCache,
-        max_num_seqs: int,
-        *,
+        kv_capacity_tokens: int,
+        block_size: int = 16,
+        max_num_seqs: int = 256,
         time_scale: float = 1.0,
-        observer: EngineObserver | None = None,
+        on_first_token=None,
+        on_finish=None,
     ) -> None:
-        if time_scale < 0:
-            raise ValueError("time_scale must be >= 0")
         self.profile = profile
-        self.cache = cache
-        self.scheduler = Scheduler(cache, profile, max_num_seqs)
+        self.block_size = block_size
+        self.max_num_seqs = max_num_seqs
         self.time_scale = time_scale
-        self.observer = observer or EngineObserver()
-        self.stats = Stats()
-        self._requests: dict[Sequence, Request] = {}
-        self._ids = itertools.count()
+        self.cache = PrefixCache(kv_capacity_tokens, block_size)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.counters = Counters()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-
-    # ---- lifecycle --------------------------------------------------------------------
+        self._on_first_token = on_first_token
+        self._on_finish = on_finish
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="engine")
+        self._task = asyncio.create_task(self._loop(), name="engine")
 
     async def stop(self) -> None:
-        if self._task is not None:
+        if self._task:
             self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
-
-    # ---- state ------------------------------------------------------------------------
-
-    @property
-    def num_running(self) -> int:
-        return len(self.scheduler.running)
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.scheduler.waiting)
 
     def reset(self) -> None:
-        """Zero the /stats counters and drop every cached block not in use."""
-        self.stats.reset()
-        self.cache.reset()
+        self.counters = Counters()
+        if not self.running and not self.waiting:
+            self.cache = PrefixCache(self.cache.capacity_blocks * self.block_size, self.block_size)
 
-    # ---- requests ---------------------------------------------------------------------
+    def fits(self, prompt_tokens: int, max_tokens: int) -> bool:
+        return -(-(prompt_tokens + max_tokens) // self.block_size) <= self.cache.capacity_blocks
 
-    def submit(self, prompt_ids: list[int], max_tokens: int, seed: int | None = None) -> Request:
-        if not prompt_ids:
-            raise EngineError("The prompt cannot be empty.")
-        if max_tokens < 1:
-            raise EngineError(f"max_tokens must be at least 1, got {max_tokens}.")
-        if not self.scheduler.fits_ever(len(prompt_ids), max_tokens):
-            raise EngineError(
-                f"The request needs {len(prompt_ids) + max_tokens} tokens of KV cache, more "
-                f"than this engine's whole capacity of {self.cache.capacity_tokens} tokens."
-            )
-        seq = Sequence(
-            request_id=f"req-{next(self._ids)}",
-            prompt_ids=prompt_ids,
-            max_tokens=max_tokens,
-            output=OutputStream(prompt_ids, seed),
-        )
-        req = Request(seq, arrival=time.monotonic())
-        self._requests[seq] = req
-        self.scheduler.add(seq)
-        self._wake.set()
-        return req
+    def submit(self, prompt: bytes, max_tokens: int, seed: int) -> Request:
+        r = Request(prompt=prompt, max_tokens=max_tokens, seed=seed)
+        r.prompt_tokens = count_tokens(prompt)
+        r.hashes = block_hashes(prompt, self.block_size)
+        # Blocks held now: the prompt and room for the first output token. Decode blocks are
+        # added one at a time as the sequence grows, as vLLM allocates them (not up front).
+        r.total_blocks = -(-(r.prompt_tokens + 1) // self.block_size)
+        r.arrived = time.perf_counter()
+        if self.profile.step_base_s == 0 and self.profile.prefill_per_token_s == 0:
+            self._run_instantly(r)
+        else:
+            self.waiting.append(r)
+            self._wake.set()
+        return r
 
-    def abort(self, req: Request) -> None:
-        if req.done:
+    def cancel(self, r: Request) -> None:
+        if r.done:
             return
-        self.scheduler.abort(req.seq)
-        self._requests.pop(req.seq, None)
-        self.stats.aborted += 1
+        r.cancelled = True
+        if r in self.waiting:
+            self.waiting.remove(r)
+            r.done = True
+        elif r.admitted:
+            self._finish(r, cache_output=False)
+
+    def _admit(self, r: Request) -> None:
+        hit = self.cache.match(r.hashes, r.prompt_tokens)
+        self.cache.allocate(r.hashes, r.total_blocks)
+        r.cached_tokens = hit * self.block_size
+        r.prefill_left = r.prompt_tokens - r.cached_tokens
+        r.admitted = True
+        c = self.counters
+        c.requests += 1
+        c.prompt_tokens += r.prompt_tokens
+        c.cached_tokens += r.cached_tokens
+        self.running.append(r)
+
+    def _run_instantly(self, r: Request) -> None:
+        self._admit(r)
+        r.prefill_left = 0
+        r.first_token_at = time.perf_counter()
+        if self._on_first_token:
+            self._on_first_token(r)
+        for i in range(r.max_tokens):
+            piece = output_piece(r.seed, i)
+            r.text.append(piece)
+            r.out.put_nowait(piece)
+        r.generated = r.max_tokens
+        self.counters.generation_tokens += r.max_tokens
+        self._finish(r, cache_output=True)
+
+    def _finish(self, r: Request, cache_output: bool) -> None:
+        r.done = True
+        if r in self.running:
+            self.running.remove(r)
+        final = None
+        if cache_output and r.generated:
+            final = block_hashes(r.prompt + "".join(r.text).encode(), self.block_size)
+        self.cache.release(r.hashes, r.total_blocks, final)
+        r.out.put_nowait(None)
+        if self._on_finish:
+            self._on_finish(r)
         self._wake.set()
 
-    async def stream(self, req: Request) -> AsyncIterator[str]:
-        """The output pieces of a submitted request; aborts it if the consumer stops early."""
-        try:
-            while True:
-                piece = await req.queue.get()
-                if piece is None:
-                    return
-                yield piece
-        finally:
-            # Reached on cancellation (client gone) and on an early close of the iterator:
-            # the slot and the blocks must not outlive the consumer.
-            self.abort(req)
-
-    async def generate(
-        self, prompt_ids: list[int], max_tokens: int, seed: int | None = None
-    ) -> list[str]:
-        """Submit and wait for the whole answer (pieces in order)."""
-        req = self.submit(prompt_ids, max_tokens, seed)
-        return [piece async for piece in self.stream(req)]
-
-    # ---- the loop ---------------------------------------------------------------------
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time()
+    async def _loop(self) -> None:
+        p = self.profile
         while True:
-            step = self.scheduler.schedule()
-            if step is None:
+            while not self.running and not self.waiting:
                 self._wake.clear()
                 await self._wake.wait()
-                deadline = loop.time()
+            # admission: FIFO head only
+            while self.waiting and len(self.running) < self.max_num_seqs:
+                head = self.waiting[0]
+                if not self.cache.can_allocate(head.hashes, head.total_blocks):
+                    break
+                self.waiting.popleft()
+                self._admit(head)
+            if not self.running:
+                # the head cannot fit even with an empty batch: wait for something to change
+                self._wake.clear()
+                await self._wake.wait()
                 continue
-            now = time.monotonic()
-            for seq in step.admitted:
-                req = self._requests[seq]
-                req.admitted_at = now
-                self.stats.requests += 1
-                self.stats.prompt_tokens += seq.num_prompt
-                self.stats.cached_tokens += seq.num_cached
-                self.observer.on_admitted(req)
-            self.observer.on_step(step)
-            deadline += step.duration * self.time_scale
-            now_loop = loop.time()
-            if deadline < now_loop - _MAX_LAG_S:
-                deadline = now_loop
-            # sleep(0) still yields, so a zero-time profile lets handlers run between steps.
-            await asyncio.sleep(max(0.0, deadline - now_loop))
-            self._deliver(step)
+            budget = p.max_batched_tokens
+            prefill_now: list[tuple[Request, int]] = []
+            decoding: list[Request] = []
+            context = 0
+            for r in self.running:
+                if r.prefill_left > 0:
+                    if budget > 0:
+                        n = min(r.prefill_left, budget)
+                        budget -= n
+                        prefill_now.append((r, n))
+                else:
+                    decoding.append(r)
+                    context += r.prompt_tokens + r.generated
+            prefill_tokens = p.max_batched_tokens - budget
+            await asyncio.sleep(step_time(p, prefill_tokens, context, self.time_scale))
+            now = time.perf_counter()
+            for r, n in prefill_now:
+                if r.done:
+                    continue
+                r.prefill_left -= n
+                if r.prefill_left == 0:
+                    self._emit(r, now)  # the prefill step produces the first token
+            for r in decoding:
+                if not r.done:
+                    self._emit(r, now)
 
-    def _deliver(self, step: Step) -> None:
-        now = time.monotonic()
-        events = self.scheduler.complete(step)
-        if events:
-            self.observer.on_tokens(len(events))
-        for ev in events:
-            req = self._requests.get(ev.seq)
-            if req is None:
-                continue
-            self.stats.generation_tokens += 1
-            if req.first_token_at is None:
-                req.first_token_at = now
-                self.observer.on_first_token(req)
-            req.queue.put_nowait(ev.text)
-            if ev.finished:
-                req.finished_at = now
-                req.queue.put_nowait(None)
-                del self._requests[ev.seq]
-                self.observer.on_finished(req)
+    def _emit(self, r: Request, now: float) -> None:
+        if r.first_token_at is None:
+            r.first_token_at = now
+            if self._on_first_token:
+                self._on_first_token(r)
+        piece = output_piece(r.seed, r.generated)
+        r.text.append(piece)
+        r.generated += 1
+        self.counters.generation_tokens += 1
+        if r.prompt_tokens + r.generated + 1 > r.total_blocks * self.block_size:
+            r.total_blocks += 1
+            self.cache.grow(1)
+        r.out.put_nowait(piece)
+        if r.generated >= r.max_tokens:
+            self._finish(r, cache_output=True)
+
+
+__all__ = ["BYTES_PER_TOKEN", "Engine", "Request"]

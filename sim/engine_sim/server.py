@@ -1,267 +1,365 @@
-"""The HTTP face of one simulated replica: vLLM's OpenAI-compatible endpoints on aiohttp."""
+"""The simulator's HTTP face: vLLM's OpenAI-compatible API on aiohttp."""
 
 from __future__ import annotations
 
 import json
-import logging
-from dataclasses import dataclass, field
+import time
+import uuid
 from typing import Any
 
+import xxhash
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from .engine import Engine, EngineError, Request
-from .kvcache import PrefixCache
+from .chat import render_chat
+from .engine import Engine, Request
 from .metrics import EngineMetrics
-from .profiles import Profile
-from .protocol import (
-    ApiError,
-    ChunkWriter,
-    GenerateRequest,
-    bad,
-    full_response,
-    new_id,
-    parse_generate,
-    parse_json,
-    parse_tokenize,
-)
-
-log = logging.getLogger("engine_sim.server")
-
-
-@dataclass
-class SimConfig:
-    model: str = "sim-model"
-    served_model_names: list[str] = field(default_factory=list)
-    profile: Profile | None = None
-    kv_capacity_tokens: int | None = None
-    block_size: int = 16
-    max_num_seqs: int = 64
-    time_scale: float = 1.0
-    replica_id: str = "sim"
-    max_model_len: int = 32768
-
-    @property
-    def served(self) -> list[str]:
-        return self.served_model_names or [self.model]
-
+from .tokenizer import count_tokens, token_ids_to_bytes, tokenize
 
 ENGINE: web.AppKey[Engine] = web.AppKey("engine", Engine)
 METRICS: web.AppKey[EngineMetrics] = web.AppKey("metrics", EngineMetrics)
-CONFIG: web.AppKey[SimConfig] = web.AppKey("config", SimConfig)
+CONF: web.AppKey[dict] = web.AppKey("conf", dict)
 
 
-def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(
-        body=json.dumps(data).encode(),
-        status=status,
-        content_type="application/json",
-        headers=headers,
-    )
+class BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
 
 
-def _error(err: ApiError) -> web.Response:
-    return _json(err.body(), status=err.status)
+def error(status: int, message: str, param: str | None = None) -> web.Response:
+    # vLLM's ErrorResponse: {"error": {message, type, param, code}}
+    etype = {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
+    body = {"error": {"message": message, "type": etype, "param": param, "code": status}}
+    return web.json_response(body, status=status)
 
 
 @web.middleware
-async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    """Bad input never becomes a 500; unknown paths answer like vLLM's FastAPI does."""
+async def json_errors(request: web.Request, handler) -> web.StreamResponse:
     try:
         return await handler(request)
-    except ApiError as e:
-        return _error(e)
-    except EngineError as e:
-        return _error(bad(str(e)))
-    except web.HTTPNotFound:
-        return _json({"detail": "Not Found"}, status=404)
-    except web.HTTPMethodNotAllowed:
-        return _json({"detail": "Method Not Allowed"}, status=405)
-    except web.HTTPException:
-        raise
-    except Exception:
-        # A bug of ours, not the client's: still an OpenAI-shaped body, and logged.
-        log.exception("unexpected error on %s %s", request.method, request.path)
-        return _error(ApiError(500, "Internal server error"))
+    except BadRequest as e:
+        return error(e.status, str(e), e.param)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        return error(e.status, e.reason or "error")
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
-    return parse_json(await request.read())
-
-
-# ---- generation -----------------------------------------------------------------------
-
-
-async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
-    cfg = request.app[CONFIG]
-    engine = request.app[ENGINE]
-    req = parse_generate(await _body(request), kind, cfg.served, cfg.max_model_len)
-    handle = engine.submit(req.prompt_ids, req.max_tokens, req.seed)
-    if req.stream:
-        return await _stream(request, engine, req, handle, cfg.replica_id)
-    pieces = [piece async for piece in engine.stream(handle)]
-    body = full_response(
-        req,
-        new_id(kind),
-        "".join(pieces),
-        handle.prompt_tokens,
-        len(pieces),
-        handle.cached_tokens,
-    )
-    headers = {"x-replica-id": cfg.replica_id, "x-cached-tokens": str(handle.cached_tokens)}
-    return _json(body, headers=headers)
-
-
-async def _stream(
-    request: web.Request, engine: Engine, req: GenerateRequest, handle: Request, replica_id: str
-) -> web.StreamResponse:
-    resp = web.StreamResponse(
-        headers={
-            "Content-Type": "text/event-stream",
-            "Cache-Control": "no-cache",
-            "x-replica-id": replica_id,
-        }
-    )
-    writer = ChunkWriter(req, new_id(req.kind))
-    pieces = engine.stream(handle)
-    sent = 0
     try:
+        body = json.loads(await request.read())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequest(f"JSON decode error: {e}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+def _check_model(request: web.Request, body: dict[str, Any]) -> str:
+    names = request.app[CONF]["served"]
+    model = body.get("model")
+    if model is None:
+        return names[0]
+    if not isinstance(model, str) or model not in names:
+        raise BadRequest(f"The model `{model}` does not exist.", 404, "model")
+    return model
+
+
+def _max_tokens(body: dict[str, Any], chat: bool) -> int:
+    value = body.get("max_completion_tokens") if chat else None
+    if value is None:
+        value = body.get("max_tokens")
+    if value is None:
+        return 16
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise BadRequest("max_tokens must be an integer", param="max_tokens")
+    if value < 1:
+        raise BadRequest(f"max_tokens must be at least 1, got {value}.", param="max_tokens")
+    return value
+
+
+def _prompt_bytes(body: dict[str, Any], chat: bool) -> bytes:
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("messages must be a non-empty list", param="messages")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise BadRequest(f"messages[{i}] must be an object with a role", param="messages")
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise BadRequest("tools must be a list", param="tools")
+        try:
+            return render_chat(messages, tools).encode()
+        except (ValueError, TypeError) as e:
+            raise BadRequest(str(e), param="messages") from None
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str) and prompt:
+        return prompt.encode()
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**32 for t in prompt)
+    ):
+        return token_ids_to_bytes(prompt)
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, str) for p in prompt):
+        raise BadRequest("batched prompts are not supported by the simulator", param="prompt")
+    raise BadRequest("prompt must be a non-empty string or a list of token ids", param="prompt")
+
+
+def _usage(r: Request) -> dict[str, Any]:
+    return {
+        "prompt_tokens": r.prompt_tokens,
+        "completion_tokens": r.generated,
+        "total_tokens": r.prompt_tokens + r.generated,
+        "prompt_tokens_details": {"cached_tokens": r.cached_tokens},
+    }
+
+
+async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
+    app = request.app
+    engine = app[ENGINE]
+    body = await _body(request)
+    model = _check_model(request, body)
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("stream must be a boolean", param="stream")
+    max_tokens = _max_tokens(body, chat)
+    prompt = _prompt_bytes(body, chat)
+    ptoks = count_tokens(prompt)
+    limit = app[CONF]["max_model_len"]
+    if ptoks + max_tokens > limit:
+        raise BadRequest(
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{ptoks + max_tokens} tokens ({ptoks} in the messages, {max_tokens} in the "
+            "completion). Please reduce the length of the messages or completion.",
+            param="max_tokens" if ptoks < limit else "messages",
+        )
+    if not engine.fits(ptoks, max_tokens):
+        raise BadRequest("the request needs more KV-cache blocks than the engine has")
+    seed = xxhash.xxh32_intdigest(prompt[-256:])
+    r = engine.submit(prompt, max_tokens, seed)
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+    created = int(time.time())
+    opts = body.get("stream_options")
+    include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
+    replica = app[CONF]["replica_id"]
+    try:
+        if not stream:
+            while (await r.out.get()) is not None:
+                pass
+            text = "".join(r.text)
+            if chat:
+                choice = {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": None,
+                    "finish_reason": "length",
+                    "stop_reason": None,
+                }
+            else:
+                choice = {
+                    "index": 0,
+                    "text": text,
+                    "logprobs": None,
+                    "finish_reason": "length",
+                    "stop_reason": None,
+                }
+            obj = {
+                "id": rid,
+                "object": "chat.completion" if chat else "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [choice],
+                "usage": _usage(r),
+            }
+            return web.json_response(
+                obj, headers={"x-replica-id": replica, "x-cached-tokens": str(r.cached_tokens)}
+            )
+        resp = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "x-replica-id": replica,
+            }
+        )
         await resp.prepare(request)
-        if req.kind == "chat":
-            await resp.write(writer.role())
-        async for piece in pieces:
-            sent += 1
-            await resp.write(writer.piece(piece, last=sent == req.max_tokens))
-        if req.include_usage:
-            await resp.write(writer.usage(handle.prompt_tokens, sent, handle.cached_tokens))
-        await resp.write(writer.done())
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        first = True
+        while True:
+            piece = await r.out.get()
+            if piece is None:
+                break
+            if chat:
+                delta: dict[str, Any] = {"content": piece}
+                if first:
+                    delta = {"role": "assistant", "content": piece}
+                choice = {
+                    "index": 0,
+                    "delta": delta,
+                    "logprobs": None,
+                    "finish_reason": "length" if r.done and r.out.empty() else None,
+                }
+            else:
+                choice = {
+                    "index": 0,
+                    "text": piece,
+                    "logprobs": None,
+                    "finish_reason": "length" if r.done and r.out.empty() else None,
+                }
+            first = False
+            chunk = {
+                "id": rid,
+                "object": kind,
+                "created": created,
+                "model": model,
+                "choices": [choice],
+            }
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        if include_usage:
+            chunk = {
+                "id": rid,
+                "object": kind,
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": _usage(r),
+            }
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
-    except ConnectionError:
-        # The client went away mid-stream; closing the iterator below aborts the request.
-        pass
+        return resp
     finally:
-        await pieces.aclose()
-        engine.abort(handle)
-    return resp
+        if not r.done:
+            engine.cancel(r)  # the client went away: free the slot and the blocks
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, "completion")
+    return await _generate(request, chat=False)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, "chat")
-
-
-# ---- the rest -------------------------------------------------------------------------
+    return await _generate(request, chat=True)
 
 
 async def models(request: web.Request) -> web.Response:
-    cfg = request.app[CONFIG]
+    conf = request.app[CONF]
     data = [
         {
-            "id": name,
+            "id": n,
             "object": "model",
-            "created": 0,
+            "created": conf["started"],
             "owned_by": "vllm",
-            "root": cfg.model,
+            "root": conf["served"][0],
             "parent": None,
-            "max_model_len": cfg.max_model_len,
+            "max_model_len": conf["max_model_len"],
         }
-        for name in cfg.served
+        for n in conf["served"]
     ]
-    return _json({"object": "list", "data": data})
+    return web.json_response({"object": "list", "data": data})
 
 
 async def health(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
-async def tokenize_(request: web.Request) -> web.Response:
-    cfg = request.app[CONFIG]
-    tokens = parse_tokenize(await _body(request), cfg.served)
-    return _json(
+async def tokenize_handler(request: web.Request) -> web.Response:
+    body = await _body(request)
+    _check_model(request, body)
+    if "messages" in body:
+        text = _prompt_bytes(body, chat=True).decode()
+    elif isinstance(body.get("prompt"), str):
+        text = body["prompt"]
+    else:
+        raise BadRequest("prompt (a string) or messages is required", param="prompt")
+    tokens = tokenize(text)
+    return web.json_response(
         {
             "count": len(tokens),
-            "max_model_len": cfg.max_model_len,
+            "max_model_len": request.app[CONF]["max_model_len"],
             "tokens": tokens,
-            "token_strs": None,
         }
     )
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = request.app[METRICS].render()
-    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+    return web.Response(
+        body=generate_latest(request.app[METRICS].registry),
+        headers={"Content-Type": CONTENT_TYPE_LATEST},
+    )
 
 
 async def stats(request: web.Request) -> web.Response:
-    engine = request.app[ENGINE]
-    s = engine.stats
-    return _json(
+    e = request.app[ENGINE]
+    c = e.counters
+    return web.json_response(
         {
-            "replica_id": request.app[CONFIG].replica_id,
-            "requests": s.requests,
-            "prompt_tokens": s.prompt_tokens,
-            "cached_tokens": s.cached_tokens,
-            "generation_tokens": s.generation_tokens,
-            "aborted": s.aborted,
-            "running": engine.num_running,
-            "waiting": engine.num_waiting,
-            "kv_usage": engine.cache.usage_fraction(),
-            "cached_blocks": engine.cache.num_cached_blocks(),
-            "evicted_blocks": engine.cache.evictions,
-            "kv_capacity_tokens": engine.cache.capacity_tokens,
-            "block_size": engine.cache.block_size,
+            "replica_id": request.app[CONF]["replica_id"],
+            "requests": c.requests,
+            "prompt_tokens": c.prompt_tokens,
+            "cached_tokens": c.cached_tokens,
+            "generation_tokens": c.generation_tokens,
+            "running": len(e.running),
+            "waiting": len(e.waiting),
+            "kv_usage": e.cache.usage_fraction(),
+            "cached_blocks": e.cache.cached_blocks(),
         }
     )
 
 
 async def reset(request: web.Request) -> web.Response:
     request.app[ENGINE].reset()
-    return _json({"status": "ok"})
+    return web.json_response({"reset": True})
 
 
-async def reset_prefix_cache(request: web.Request) -> web.Response:
-    request.app[ENGINE].cache.reset()
-    return web.Response(status=200)
+async def not_found(request: web.Request) -> web.Response:
+    # SGLang's model-info probes land here too: 404 keeps its router from fetching a tokenizer.
+    return error(404, f"Not Found: {request.path}")
 
 
-# ---- the app --------------------------------------------------------------------------
-
-
-def build_engine(cfg: SimConfig) -> tuple[Engine, EngineMetrics]:
-    if cfg.profile is None:
-        raise ValueError("SimConfig.profile is required")
-    capacity = cfg.kv_capacity_tokens or cfg.profile.default_kv_capacity_tokens
-    cache = PrefixCache(capacity, cfg.block_size)
-    m = EngineMetrics(cfg.served[0], cfg.block_size, cache.capacity_blocks)
-    engine = Engine(cfg.profile, cache, cfg.max_num_seqs, time_scale=cfg.time_scale, observer=m)
-    m.bind(engine)
-    return engine, m
-
-
-def make_app(cfg: SimConfig) -> web.Application:
-    # Bodies up to 64 MiB: prompts near max_model_len as token id lists are megabytes of JSON.
-    app = web.Application(middlewares=[_errors], client_max_size=64 * 1024 * 1024)
-    engine, m = build_engine(cfg)
-    app[CONFIG] = cfg
+def build_app(
+    *, model: str, served: list[str], engine: Engine, max_model_len: int, replica_id: str
+) -> web.Application:
+    app = web.Application(middlewares=[json_errors], client_max_size=64 * 1024 * 1024)
     app[ENGINE] = engine
+    m = EngineMetrics(model, engine)
     app[METRICS] = m
+    app[CONF] = {
+        "served": served,
+        "max_model_len": max_model_len,
+        "replica_id": replica_id,
+        "started": int(time.time()),
+    }
 
-    async def lifecycle(app: web.Application) -> Any:
+    def on_first(r: Request) -> None:
+        m.admitted(r.prompt_tokens, r.cached_tokens)
+        if r.first_token_at is not None:
+            m.first_token(r.first_token_at - r.arrived)
+
+    def on_finish(r: Request) -> None:
+        if not r.cancelled:
+            m.finished(time.perf_counter() - r.arrived, r.generated, "length")
+
+    engine._on_first_token = on_first
+    engine._on_finish = on_finish
+
+    async def lifecycle(app: web.Application):
         engine.start()
         yield
         await engine.stop()
 
     app.cleanup_ctx.append(lifecycle)
-    r = app.router
-    r.add_post("/v1/completions", completions)
-    r.add_post("/v1/chat/completions", chat_completions)
-    r.add_get("/v1/models", models)
-    r.add_get("/health", health)
-    r.add_post("/tokenize", tokenize_)
-    r.add_get("/metrics", metrics)
-    r.add_get("/stats", stats)
-    r.add_post("/reset", reset)
-    r.add_post("/reset_prefix_cache", reset_prefix_cache)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_post("/tokenize", tokenize_handler)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/stats", stats)
+    app.router.add_post("/reset", reset)
+    app.router.add_route("*", "/{tail:.*}", not_found)
     return app
