@@ -1,0 +1,94 @@
+import json
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from engine_sim.engine import Engine
+from engine_sim.profiles import PROFILES
+from engine_sim.server import build_app
+
+
+@pytest.fixture
+async def client():
+    engine = Engine(PROFILES["fast"], 50_000)
+    app = build_app(model="m", served=["m"], engine=engine, max_model_len=4096, replica_id="r0")
+    async with TestClient(TestServer(app)) as c:
+        yield c
+
+
+async def test_chat_usage_reports_cached_tokens(client):
+    body = {
+        "model": "m",
+        "messages": [{"role": "system", "content": "S" * 2000}, {"role": "user", "content": "hi"}],
+        "max_tokens": 5,
+    }
+    r1 = await (await client.post("/v1/chat/completions", json=body)).json()
+    r2 = await (await client.post("/v1/chat/completions", json=body)).json()
+    assert r1["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] >= 480
+    assert r2["usage"]["completion_tokens"] == 5
+    assert r2["choices"][0]["message"]["role"] == "assistant"
+
+
+async def test_streaming_completion_ends_with_done_and_usage(client):
+    body = {
+        "model": "m",
+        "prompt": "hello " * 10,
+        "max_tokens": 4,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    resp = await client.post("/v1/completions", json=body)
+    assert resp.status == 200
+    events = [
+        line[5:].strip() for line in (await resp.read()).split(b"\n") if line.startswith(b"data:")
+    ]
+    assert events[-1] == b"[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert sum(1 for c in chunks if c["choices"]) == 4
+    assert chunks[-1]["usage"]["completion_tokens"] == 4
+
+
+async def test_metrics_tokenize_models_health(client):
+    await client.post("/v1/completions", json={"model": "m", "prompt": "abcd" * 50})
+    text = await (await client.get("/metrics")).text()
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+    ):
+        assert name in text, name
+    tok = await (await client.post("/tokenize", json={"model": "m", "prompt": "abcdabcd"})).json()
+    assert tok["count"] == 2 and len(tok["tokens"]) == 2
+    models = await (await client.get("/v1/models")).json()
+    assert models["data"][0]["id"] == "m"
+    assert (await client.get("/health")).status == 200
+    assert (await client.get("/get_model_info")).status == 404
+
+
+@pytest.mark.parametrize(
+    "path,body,status",
+    [
+        ("/v1/completions", b"{oops", 400),
+        ("/v1/completions", {"model": "m"}, 400),
+        ("/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 0}, 400),
+        ("/v1/completions", {"model": "m", "prompt": "x", "max_tokens": "5"}, 400),
+        ("/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 5000}, 400),
+        ("/v1/completions", {"model": "nope", "prompt": "x"}, 404),
+        ("/v1/chat/completions", {"model": "m", "messages": []}, 400),
+        ("/v1/chat/completions", {"model": "m", "messages": [{"content": "x"}]}, 400),
+        ("/v1/chat/completions", {"model": "m", "messages": [{"role": "u", "content": 3}]}, 400),
+        ("/v1/completions", {"model": "m", "prompt": "x", "stream": 1}, 400),
+    ],
+)
+async def test_bad_input_is_an_openai_error(client, path, body, status):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    resp = await client.post(path, data=data, headers={"Content-Type": "application/json"})
+    assert resp.status == status
+    err = (await resp.json())["error"]
+    assert err["message"] and err["type"] and err["code"] == status
