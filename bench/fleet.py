@@ -69,8 +69,9 @@ class Fleet:
         time_scale: float,
         max_num_seqs: int = 256,
         extra: list[str] | None = None,
+        port: int | None = None,
     ) -> Proc:
-        port = free_port()
+        port = port or free_port()
         args = [
             sys.executable,
             "-m",

@@ -65,23 +65,7 @@ async def fetch_stats(urls: list[str]) -> list[dict]:
         return list(await asyncio.gather(*(one(u) for u in urls)))
 
 
-async def fetch_decisions(router_urls: list[str]) -> dict[str, float]:
-    """Routing decisions by reason, summed over router replicas (from their /metrics)."""
-    out: dict[str, float] = {}
-    async with aiohttp.ClientSession() as s:
-        for u in router_urls:
-            async with s.get(u + "/metrics") as r:
-                text = await r.text()
-            for line in text.splitlines():
-                if line.startswith("prefix_router_routing_decisions_total{"):
-                    reason = line.split('decision="', 1)[1].split('"', 1)[0]
-                    out[reason] = out.get(reason, 0.0) + float(line.rsplit(" ", 1)[1])
-                for name in _DRIFT:
-                    if line.startswith(name + " "):
-                        out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return out
-
-
+# Counters behind the router's predicted-vs-reported hit rate (index drift).
 _DRIFT = (
     "prefix_router_predicted_cached_tokens_total",
     "prefix_router_reported_cached_tokens_total",
@@ -90,12 +74,33 @@ _DRIFT = (
 )
 
 
-def drift(decisions: dict[str, float]) -> dict[str, float | None]:
+async def fetch_router_figures(
+    router_urls: list[str],
+) -> tuple[dict[str, float], dict[str, float]]:
+    """(routing decisions by reason, drift counters), summed over router replicas' /metrics."""
+    decisions: dict[str, float] = {}
+    counters: dict[str, float] = {}
+    async with aiohttp.ClientSession() as s:
+        for u in router_urls:
+            async with s.get(u + "/metrics") as r:
+                text = await r.text()
+            for line in text.splitlines():
+                if line.startswith("prefix_router_routing_decisions_total{"):
+                    reason = line.split('decision="', 1)[1].split('"', 1)[0]
+                    decisions[reason] = decisions.get(reason, 0.0) + float(line.rsplit(" ", 1)[1])
+                    continue
+                name = line.split(" ", 1)[0]
+                if name in _DRIFT:
+                    counters[name] = counters.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return decisions, counters
+
+
+def drift(counters: dict[str, float]) -> dict[str, float | None]:
     """The router's predicted hit rate next to what the engines reported (index drift)."""
-    pred = decisions.pop("prefix_router_predicted_cached_tokens_total", 0.0)
-    rep = decisions.pop("prefix_router_reported_cached_tokens_total", 0.0)
-    rep_prompt = decisions.pop("prefix_router_reported_prompt_tokens_total", 0.0)
-    prompt = decisions.pop("prefix_router_prompt_tokens_total", 0.0)
+    pred = counters.get("prefix_router_predicted_cached_tokens_total", 0.0)
+    rep = counters.get("prefix_router_reported_cached_tokens_total", 0.0)
+    rep_prompt = counters.get("prefix_router_reported_prompt_tokens_total", 0.0)
+    prompt = counters.get("prefix_router_prompt_tokens_total", 0.0)
     return {
         "router_predicted_hit_rate": round(pred / prompt, 4) if prompt else None,
         "engine_reported_hit_rate": round(rep / rep_prompt, 4) if rep_prompt else None,
@@ -144,7 +149,7 @@ async def run(cfg: RunConfig) -> dict:
         await reset(sim_urls)
         log = await run_load(wl, targets, MODEL, cfg.rate, cfg.seconds, seed=cfg.seed)
         stats = await fetch_stats(sim_urls)
-        decisions = await fetch_decisions(targets)
+        decisions, counters = await fetch_router_figures(targets)
     ok = [r for r in log.results if r.ok]
     ttfts = [r.ttft for r in ok if r.ttft is not None]
     e2es = [r.e2e for r in ok if r.e2e is not None]
@@ -178,7 +183,7 @@ async def run(cfg: RunConfig) -> dict:
         "output_tokens_per_s": round(out_tokens / wall, 1) if wall else 0.0,
         "imbalance": round(imbalance(served) or 0.0, 3),
         "per_replica_requests": served,
-        **drift(decisions),
+        **drift(counters),
         "decisions": decisions,
         "per_replica_hit_rate": [
             round(s["cached_tokens"] / s["prompt_tokens"], 3) if s["prompt_tokens"] else 0.0

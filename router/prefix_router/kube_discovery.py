@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Sequence
 from typing import Any
 
 from kubernetes_asyncio import client, config, watch
@@ -183,8 +182,3 @@ class KubernetesDiscovery:
                 self._s.service,
             )
             self._on_change(current)
-
-
-def urls_of(slices: Sequence[Any], port: int | None = None) -> list[str]:
-    """Pure helper for tests: the backend URLs a set of EndpointSlices yields (no overrides)."""
-    return sorted({f"http://{ip}:{p}" for s in slices for ip, p, _pod in ready_addresses(s, port)})

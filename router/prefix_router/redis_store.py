@@ -144,7 +144,6 @@ class RedisStore:
         self._queue: list[tuple[str, list[int], str]] = []
         self._drops: list[str] = []
         self._ws: list[int] = []
-        self._models: set[str] = set()
         self._degraded_until = 0.0
         self._down = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -249,7 +248,6 @@ class RedisStore:
             return
         self._fallback.record(model, hashes, backend)
         self._recent.record(model, hashes, backend)
-        self._models.add(model)
         if len(self._queue) < 50_000:  # bounded: under a long outage the oldest writes wait
             self._queue.append((model, list(hashes), backend))
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from bench.fleet import Fleet, free_port, wait_healthy
+from bench.fleet import Fleet, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -261,36 +261,14 @@ async def test_ejection_and_readmission(fleet: Fleet, start_sims, tmp_path: Path
             )
             assert st == 200 and h["x-routed-to"] == sims[1]
         # the backend comes back on the same port and is re-admitted
-        import sys
-
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "engine_sim",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--model",
-            MODEL,
-            "--profile",
-            "fast",
-            start_new_session=True,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
+        await fleet.start_sim(
+            "sim0b", model=MODEL, kv_capacity=100_000, profile="fast", time_scale=1.0, port=port
         )
-        try:
-            from bench.fleet import Proc
-
-            await wait_healthy(Proc("sim0b", victim.url, proc, tmp_path / "x.log"), "/health", 20)
-            for _ in range(50):
-                if await healthy() == 2:
-                    break
-                await asyncio.sleep(0.1)
-            assert await healthy() == 2
-        finally:
-            proc.terminate()
-            await proc.wait()
+        for _ in range(50):
+            if await healthy() == 2:
+                break
+            await asyncio.sleep(0.1)
+        assert await healthy() == 2
 
 
 async def test_metrics_and_probes(fleet: Fleet, start_sims):
