@@ -40,6 +40,10 @@ def main(argv: list[str] | None = None) -> None:
     s = sub.add_parser("suite", help="the committed results of bench/results")
     s.add_argument("--quick", action="store_true")
     s.add_argument("--only", choices=("routing", "sweep", "overhead"))
+    f = sub.add_parser("fault", help="kill redis-server mid-run under 3 routers; plot recovery")
+    f.add_argument("--rate", type=float, default=24.0)
+    f.add_argument("--seconds", type=float, default=120.0)
+    sub.add_parser("redis-memory", help="Redis memory per million ownership entries")
     sub.add_parser("report", help="rebuild bench/results/README.md from the JSON files")
     args = p.parse_args(argv)
     try:
@@ -78,6 +82,15 @@ def main(argv: list[str] | None = None) -> None:
         from .suite import suite
 
         suite(quick=args.quick, only=args.only)
+    elif args.cmd == "fault":
+        from .fault import main as fault_main
+
+        r = fault_main(args.rate, args.seconds)
+        print(f"failed requests {r['failed_requests']}, recovery {r['recovery_s']} s")
+    elif args.cmd == "redis-memory":
+        from .redis_memory import main as memory_main
+
+        print(memory_main())
     elif args.cmd == "report":
         from .suite import write_readme
 

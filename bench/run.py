@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import redis.asyncio as aioredis
 
 from .fleet import Fleet
 from .loadgen import run_load
@@ -67,6 +68,8 @@ async def fetch_stats(urls: list[str]) -> list[dict]:
 
 # Counters behind the router's predicted-vs-reported hit rate (index drift).
 _DRIFT = (
+    'prefix_router_store_round_trips{kind="request"}',
+    'prefix_router_store_round_trips{kind="timer"}',
     "prefix_router_predicted_cached_tokens_total",
     "prefix_router_reported_cached_tokens_total",
     "prefix_router_reported_prompt_tokens_total",
@@ -107,6 +110,37 @@ def drift(counters: dict[str, float]) -> dict[str, float | None]:
     }
 
 
+async def redis_calls(url: str) -> int:
+    """Commands Redis has executed (INFO commandstats), summed over commands."""
+    r = aioredis.from_url(url)
+    try:
+        info = await r.info("commandstats")
+    finally:
+        await r.aclose()
+    return sum(int(v["calls"]) for v in info.values())
+
+
+def store_traffic(
+    cfg: RunConfig, after: dict[str, float], before: dict[str, float], calls: int, sent: int
+) -> dict[str, float]:
+    """Round trips (counted by the routers) and commands (counted by Redis) per request.
+
+    Both include the timer-driven load and figures exchanges, not only lookups and flushes.
+    """
+    if cfg.store != "redis" or not sent:
+        return {}
+
+    def delta(kind: str) -> float:
+        key = f'prefix_router_store_round_trips{{kind="{kind}"}}'
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    return {
+        "redis_round_trips_per_request": round(delta("request") / sent, 3),
+        "redis_timer_round_trips_per_request": round(delta("timer") / sent, 3),
+        "redis_commands_per_request": round(calls / sent, 3),
+    }
+
+
 async def reset(urls: list[str]) -> None:
     async with aiohttp.ClientSession() as s:
         await asyncio.gather(*(s.post(u + "/reset") for u in urls))
@@ -133,6 +167,7 @@ async def run(cfg: RunConfig) -> dict:
         )
         sim_urls = [p.url for p in sims]
         extra = list(cfg.router_args)
+        url = ""
         if cfg.store == "redis":
             url = cfg.redis_url
             if not url:
@@ -147,9 +182,12 @@ async def run(cfg: RunConfig) -> dict:
             )
         targets = [r.url for r in routers]
         await reset(sim_urls)
+        _d, before = await fetch_router_figures(targets)
+        calls_before = await redis_calls(url) if cfg.store == "redis" else 0
         log = await run_load(wl, targets, MODEL, cfg.rate, cfg.seconds, seed=cfg.seed)
         stats = await fetch_stats(sim_urls)
         decisions, counters = await fetch_router_figures(targets)
+        calls = await redis_calls(url) - calls_before if cfg.store == "redis" else 0
     ok = [r for r in log.results if r.ok]
     ttfts = [r.ttft for r in ok if r.ttft is not None]
     e2es = [r.e2e for r in ok if r.e2e is not None]
@@ -184,6 +222,7 @@ async def run(cfg: RunConfig) -> dict:
         "imbalance": round(imbalance(served) or 0.0, 3),
         "per_replica_requests": served,
         **drift(counters),
+        **store_traffic(cfg, counters, before, calls, len(log.sent)),
         "decisions": decisions,
         "per_replica_hit_rate": [
             round(s["cached_tokens"] / s["prompt_tokens"], 3) if s["prompt_tokens"] else 0.0

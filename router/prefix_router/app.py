@@ -145,6 +145,9 @@ async def metrics(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
     router.metrics.table_entries.set(router.store.entries())
     router.metrics.store_degraded.set(1 if router.store.degraded else 0)
+    trips = router.metrics.store_round_trips
+    trips.labels("request").set(getattr(router.store, "round_trips", 0))
+    trips.labels("timer").set(getattr(router.store, "timer_round_trips", 0))
     return web.Response(
         body=generate_latest(router.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
     )

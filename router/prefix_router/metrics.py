@@ -81,6 +81,13 @@ class RouterMetrics:
         self.store_degraded = Gauge(
             "prefix_router_store_degraded", "1 while routing on local state only", registry=r
         )
+        # a Gauge mirroring the store's own count (prometheus_client's Counter cannot be set)
+        self.store_round_trips = Gauge(
+            "prefix_router_store_round_trips",
+            "round trips to the shared store since start",
+            ["kind"],  # request: lookups and write-back flushes; timer: load and figures
+            registry=r,
+        )
         self._prompt_sum = 0.0
         self._pred_sum = 0.0
         self._children: dict[tuple[str, ...], object] = {}

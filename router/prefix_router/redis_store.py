@@ -149,7 +149,8 @@ class RedisStore:
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
         self._sha: dict[str, str] = {}
-        self.round_trips = 0
+        self.round_trips = 0  # lookups and write-back flushes: the traffic requests cause
+        self.timer_round_trips = 0  # load and figures exchanges: a fixed rate per router
         self.load_source = None  # set by the app: a LoadTracker
         self._window: deque[tuple[float, float, float]] = deque()
 
@@ -352,13 +353,16 @@ class RedisStore:
                 pipe.zremrangebyscore(routers, "-inf", now - LOAD_EXPIRY_S)
                 pipe.zrangebyscore(routers, now - LOAD_EXPIRY_S, "+inf")
                 res = await pipe.execute()
+                self.timer_round_trips += 1
                 others = [r for r in res[-1] if r != self.router_id]
                 remote: dict[str, float] = {}
                 if others:
                     pipe = self._redis.pipeline(transaction=False)
                     for r in others:
                         pipe.hgetall(f"{self._prefix}load:{r}")
-                    for h in await pipe.execute():
+                    replies = await pipe.execute()
+                    self.timer_round_trips += 1
+                    for h in replies:
                         for b, n in h.items():
                             remote[b] = remote.get(b, 0.0) + float(n)
                 load.set_remote(remote)
@@ -385,7 +389,8 @@ class RedisStore:
             inflight = sum(load.own_counts().values()) if load is not None else 0
             try:
                 blocks = await self._redis.pfcount(*self.working_set_keys(now))
-                await self._redis.hset(
+                pipe = self._redis.pipeline(transaction=False)
+                pipe.hset(
                     key,
                     mapping={
                         "prompt_tokens": prompt,
@@ -395,6 +400,8 @@ class RedisStore:
                         "updated_at": now,
                     },
                 )
-                await self._redis.expire(key, 2 * WS_WINDOW_S)
+                pipe.expire(key, 2 * WS_WINDOW_S)
+                await pipe.execute()
+                self.timer_round_trips += 2
             except (RedisError, OSError) as exc:
                 self._fail(exc)
