@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     o = sub.add_parser("overhead", help="router overhead vs direct calls to a zero-latency sim")
     o.add_argument("--rate", type=float, default=500)
     o.add_argument("--seconds", type=float, default=20)
+    o.add_argument("--store", choices=("local", "redis"), default="local")
     o.add_argument("--json", dest="json_out")
     d = sub.add_parser("demo", help="system-prompts through prefix, round-robin, least-loaded")
     d.add_argument("--seconds", type=float, default=45)
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.cmd == "overhead":
         from .overhead import measure
 
-        write_json(asyncio.run(measure(args.rate, args.seconds)), args.json_out)
+        write_json(asyncio.run(measure(args.rate, args.seconds, store=args.store)), args.json_out)
     elif args.cmd == "demo":
         from .demo import demo
 

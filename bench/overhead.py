@@ -119,13 +119,19 @@ def rss_with_entries(n: int) -> tuple[int, float, float]:
     return int(full[0]), float(full[1]), float(empty[1])
 
 
-async def measure(rate: float, seconds: float, log_dir: str = "bench/.logs") -> dict:
+async def measure(
+    rate: float, seconds: float, log_dir: str = "bench/.logs", store: str = "local"
+) -> dict:
     async with Fleet(Path(log_dir) / f"overhead-{int(time.time())}") as fleet:
         sim = await fleet.start_sim(
             "sim-zero", model=MODEL, kv_capacity=1_000_000, profile="zero", time_scale=1.0
         )
+        extra: list[str] = []
+        if store == "redis":  # a real redis-server on loopback, as in a pod next to Redis
+            url = await fleet.start_redis()
+            extra = ["--store", "redis", "--redis-url", url, "--model-key", "bench/overhead"]
         router = await fleet.start_router(
-            "router", [sim.url], policy="prefix", kv_capacity=1_000_000
+            "router", [sim.url], policy="prefix", kv_capacity=1_000_000, extra=extra
         )
         # warm both paths (connection pools, code paths) before measuring
         await open_loop(sim.url, rate, 2)
@@ -142,6 +148,7 @@ async def measure(rate: float, seconds: float, log_dir: str = "bench/.logs") -> 
     r50, r99 = percentile(routed, 50), percentile(routed, 99)
     assert d50 is not None and d99 is not None and r50 is not None and r99 is not None
     return {
+        "store": store,
         "rate": rate,
         "seconds": seconds,
         "requests": len(routed),
