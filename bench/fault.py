@@ -12,39 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import time
 from pathlib import Path
 
 from .fleet import Fleet, free_port
 from .loadgen import run_load
-from .run import KV_CAPACITY, MODEL, fetch_stats, reset
+from .run import KV_CAPACITY, MODEL, fetch_stats, reset, start_sims
 from .workloads import build
 
 RESULTS = Path(__file__).parent / "results" / "shared-store"
-
-
-async def _redis(port: int, log: Path) -> asyncio.subprocess.Process:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        raise RuntimeError("redis-server is not installed (run `make redis`)")
-    out = log.open("ab")
-    proc = await asyncio.create_subprocess_exec(
-        exe,
-        *("--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"),
-        stdout=out,
-        stderr=asyncio.subprocess.STDOUT,
-        start_new_session=True,
-    )
-    out.close()
-    for _ in range(100):
-        try:
-            _r, w = await asyncio.open_connection("127.0.0.1", port)
-            w.close()
-            return proc
-        except OSError:
-            await asyncio.sleep(0.05)
-    raise RuntimeError("redis-server did not start")
 
 
 def recovery_seconds(
@@ -73,69 +49,48 @@ async def fault_run(
     kv = KV_CAPACITY[workload]
     wl = build(workload, int(rate * seconds * 1.2) + 50)
     log_dir = Path("bench/.logs") / f"fault-{int(time.time())}"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    url = f"redis://127.0.0.1:{port}/0"
-    redis = await _redis(port, log_dir / "redis.log")
     events: list[tuple[float, str]] = []
     series: list[tuple[float, float]] = []
-    try:
-        async with Fleet(log_dir) as fleet:
-            sims = await asyncio.gather(
-                *(
-                    fleet.start_sim(
-                        f"sim{i}",
-                        model=MODEL,
-                        kv_capacity=kv,
-                        profile="llama-3.1-70b-h100",
-                        time_scale=1.0,
-                    )
-                    for i in range(8)
-                )
+    async with Fleet(log_dir) as fleet:
+        port = free_port()  # the restarted server comes back on the same one
+        url = await fleet.start_redis(port=port)
+        sim_urls = await start_sims(fleet, 8, kv, "llama-3.1-70b-h100", 1.0)
+        extra = ["--store", "redis", "--redis-url", url, "--model-key", "bench/fault"]
+        routers = [
+            await fleet.start_router(
+                f"router{k}", sim_urls, policy="prefix", kv_capacity=kv, extra=extra
             )
-            sim_urls = [p.url for p in sims]
-            extra = ["--store", "redis", "--redis-url", url, "--model-key", "bench/fault"]
-            routers = [
-                await fleet.start_router(
-                    f"router{k}", sim_urls, policy="prefix", kv_capacity=kv, extra=extra
-                )
-                for k in range(3)
-            ]
-            await reset(sim_urls)
-            t0 = time.perf_counter()
+            for k in range(3)
+        ]
+        await reset(sim_urls)
+        t0 = time.perf_counter()
 
-            async def sampler() -> None:
-                last = (0, 0)
-                while True:
-                    await asyncio.sleep(sample_s)
-                    stats = await fetch_stats(sim_urls)
-                    p = sum(s["prompt_tokens"] for s in stats)
-                    c = sum(s["cached_tokens"] for s in stats)
-                    if p > last[0]:
-                        t = time.perf_counter() - t0
-                        series.append((round(t, 1), round((c - last[1]) / (p - last[0]), 4)))
-                    last = (p, c)
+        async def sampler() -> None:
+            last = (0, 0)
+            while True:
+                await asyncio.sleep(sample_s)
+                stats = await fetch_stats(sim_urls)
+                p = sum(s["prompt_tokens"] for s in stats)
+                c = sum(s["cached_tokens"] for s in stats)
+                if p > last[0]:
+                    t = time.perf_counter() - t0
+                    series.append((round(t, 1), round((c - last[1]) / (p - last[0]), 4)))
+                last = (p, c)
 
-            async def injector() -> None:
-                nonlocal redis
-                await asyncio.sleep(kill_at)
-                redis.kill()
-                await redis.wait()
-                events.append((round(time.perf_counter() - t0, 1), "redis killed"))
-                await asyncio.sleep(restart_at - kill_at)
-                redis = await _redis(port, log_dir / "redis.log")
-                events.append((round(time.perf_counter() - t0, 1), "redis back (empty)"))
+        async def injector() -> None:
+            await asyncio.sleep(kill_at)
+            await fleet.stop(fleet.proc("redis"), "kill")
+            events.append((round(time.perf_counter() - t0, 1), "redis killed"))
+            await asyncio.sleep(restart_at - kill_at)
+            await fleet.start_redis("redis-restarted", port)
+            events.append((round(time.perf_counter() - t0, 1), "redis back (empty)"))
 
-            side = [asyncio.create_task(sampler()), asyncio.create_task(injector())]
-            log = await run_load(wl, [r.url for r in routers], MODEL, rate, seconds)
-            for t in side:
-                t.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await t
-    finally:
-        if redis.returncode is None:
-            redis.kill()
-            await redis.wait()
+        side = [asyncio.create_task(sampler()), asyncio.create_task(injector())]
+        log = await run_load(wl, [r.url for r in routers], MODEL, rate, seconds)
+        for t in side:
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
     errors = [r for r in log.results if not r.ok]
     return {
         "workload": workload,

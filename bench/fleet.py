@@ -127,16 +127,19 @@ class Fleet:
         ]
         return await self.start(name, args, port, "/readyz", env=env)
 
-    async def start_redis(self) -> str:
-        """A throw-away redis-server on a free port (no persistence); returns its URL."""
+    async def start_redis(self, name: str = "redis", port: int | None = None) -> str:
+        """A throw-away redis-server (no persistence) on `port` or a free one; returns its URL.
+
+        Its Proc is in `procs` under `name` (to kill it, and start another on the same port)."""
         import shutil
 
         exe = shutil.which("redis-server")
         if exe is None:
             raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
-        port = free_port()
+        port = port or free_port()
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        log = (self.log_dir / "redis.log").open("wb")
+        log_path = self.log_dir / f"{name}.log"
+        log = log_path.open("wb")
         proc = await asyncio.create_subprocess_exec(
             exe,
             "--port",
@@ -152,9 +155,7 @@ class Fleet:
             start_new_session=True,
         )
         log.close()
-        self.procs.append(
-            Proc("redis", f"redis://127.0.0.1:{port}", proc, self.log_dir / "redis.log")
-        )
+        self.procs.append(Proc(name, f"redis://127.0.0.1:{port}", proc, log_path))
         for _ in range(100):
             try:
                 _r, w = await asyncio.open_connection("127.0.0.1", port)
@@ -177,6 +178,9 @@ class Fleet:
                 with contextlib.suppress(ProcessLookupError):
                     p.process.kill()
                 await p.process.wait()
+
+    def proc(self, name: str) -> Proc:
+        return next(p for p in self.procs if p.name == name)
 
     async def close(self) -> None:
         await asyncio.gather(*(self.stop(p) for p in self.procs), return_exceptions=True)

@@ -125,7 +125,9 @@ def store_traffic(
 ) -> dict[str, float]:
     """Round trips (counted by the routers) and commands (counted by Redis) per request.
 
-    Both include the timer-driven load and figures exchanges, not only lookups and flushes.
+    Round trips come in two kinds: those requests cause (lookups, write-back flushes) and the
+    timer-driven load and figures exchanges. Redis's command count includes both, and every
+    command run inside the Lua scripts.
     """
     if cfg.store != "redis" or not sent:
         return {}
@@ -141,6 +143,26 @@ def store_traffic(
     }
 
 
+async def start_sims(
+    fleet: Fleet, n: int, kv: int, profile: str, time_scale: float, max_num_seqs: int = 256
+) -> list[str]:
+    """`n` simulated replicas started at once; their URLs."""
+    sims = await asyncio.gather(
+        *(
+            fleet.start_sim(
+                f"sim{i}",
+                model=MODEL,
+                kv_capacity=kv,
+                profile=profile,
+                time_scale=time_scale,
+                max_num_seqs=max_num_seqs,
+            )
+            for i in range(n)
+        )
+    )
+    return [p.url for p in sims]
+
+
 async def reset(urls: list[str]) -> None:
     async with aiohttp.ClientSession() as s:
         await asyncio.gather(*(s.post(u + "/reset") for u in urls))
@@ -152,20 +174,9 @@ async def run(cfg: RunConfig) -> dict:
     wl = build(cfg.workload, count)
     log_dir = Path(cfg.log_dir) / f"{cfg.workload}-{cfg.router}-{int(time.time())}"
     async with Fleet(log_dir) as fleet:
-        sims = await asyncio.gather(
-            *(
-                fleet.start_sim(
-                    f"sim{i}",
-                    model=MODEL,
-                    kv_capacity=kv,
-                    profile=cfg.profile,
-                    time_scale=cfg.time_scale,
-                    max_num_seqs=cfg.max_num_seqs,
-                )
-                for i in range(cfg.replicas)
-            )
+        sim_urls = await start_sims(
+            fleet, cfg.replicas, kv, cfg.profile, cfg.time_scale, cfg.max_num_seqs
         )
-        sim_urls = [p.url for p in sims]
         extra = list(cfg.router_args)
         url = ""
         if cfg.store == "redis":
