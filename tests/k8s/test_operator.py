@@ -396,14 +396,15 @@ def test_autoscaler_is_created_and_pruned(cp: Any, ns: str, operator: Operator) 
     hpa = get(cp, ns, "hpa", "auto")
     assert hpa["spec"]["scaleTargetRef"]["kind"] == "PrefixRoutedModel"
     # The HPA controller (kube-controller-manager) reads the model through its scale
-    # subresource; no metrics adapter runs here, so it reports the missing external metric.
+    # subresource; no metrics adapter runs here, so it settles on the missing external metric.
+    # Before that it may say FailedGetScale: its REST mapper learns a new CRD only when it
+    # resets (every 30 s), so the wait allows for one reset plus one HPA sync (15 s).
     obj = cp.wait_for(
         lambda: (o := get(cp, ns, "prm", "auto")) and
-        cond(o, "AutoscalingReady").get("reason") not in ("AutoscalerPending",
-                                                          "AutoscalerNotCreated", None) and o,
-        60, "AutoscalingReady from the HPA's conditions", interval=0.5)
-    assert cond(obj, "AutoscalingReady")["reason"] in ("FailedGetExternalMetric",
-                                                        "AutoscalerActive")
+        cond(o, "AutoscalingReady").get("reason") in ("FailedGetExternalMetric",
+                                                      "AutoscalerActive") and o,
+        120, "AutoscalingReady from the HPA's conditions", interval=0.5)
+    assert cond(obj, "AutoscalingReady")["status"] in ("True", "False")
     assert cond(obj, "Ready")["status"] == "True"  # autoscaling does not decide Ready
     cp.kubectl("patch", "prm", "auto", "-n", ns, "--type=merge",
                "-p", '{"spec": {"autoscaling": {"enabled": false}}}')
