@@ -14,9 +14,11 @@ import yaml
 
 from . import API_VERSION, KIND
 from .config import OperatorConfig
+from .external_metrics import IN_FLIGHT_METRIC, NAMESPACE_LABEL, WORKING_SET_METRIC
 from .naming import (
     CACHE_STORE,
     CONFIG_HASH_ANNOTATION,
+    MODEL_LABEL,
     MODEL_SERVER,
     REDIS_PORT,
     ROUTER,
@@ -38,8 +40,6 @@ ROUTER_CONFIG_FILE = "router.yaml"
 MODELS_MOUNT = "/models"
 HF_HOME = "/root/.cache/huggingface"
 REDIS_PASSWORD_ENV = "REDIS_PASSWORD"
-CACHE_PRESSURE_METRIC = "prefixrouter_cache_pressure"
-LOAD_METRIC = "prefixrouter_load"
 
 # Env names the operator sets on the engine container; user env must not shadow them.
 ENGINE_ENV = (
@@ -432,17 +432,23 @@ def _milli(value: float) -> str:
 def horizontal_pod_autoscaler(model: Model) -> Manifest:
     spec = model.spec
     a = spec.autoscaling
-    selector = {"matchLabels": {"prefixrouter.io/namespace": model.namespace,
-                                "prefixrouter.io/model": model.name}}
-    # Both figures are fleet-wide values (not per pod), so the target type is Value: the HPA
-    # scales replicas by current/target, and both figures fall as replicas grow.
+    selector = {"matchLabels": {NAMESPACE_LABEL: model.namespace, MODEL_LABEL: model.name}}
+    # The adapter serves fleet-wide TOTALS and the targets are per replica (AverageValue):
+    # the HPA asks for ceil(total / target) replicas, which is the capacity model itself —
+    # enough replicas that the working set fits in targetCachePressure of their KV capacity,
+    # and that each carries at most targetLoad requests in flight. No replica count enters
+    # the metric, so it cannot disagree with the HPA's (a ratio over ready replicas would
+    # during a rollout, and has no value at zero ready).
+    working_set_per_replica = max(1, round(spec.router.kv_capacity_tokens
+                                           * a.target_cache_pressure))
     metrics = [
         {"type": "External", "external": {
-            "metric": {"name": CACHE_PRESSURE_METRIC, "selector": selector},
-            "target": {"type": "Value", "value": _milli(a.target_cache_pressure)}}},
+            "metric": {"name": WORKING_SET_METRIC, "selector": selector},
+            "target": {"type": "AverageValue",
+                       "averageValue": str(working_set_per_replica)}}},
         {"type": "External", "external": {
-            "metric": {"name": LOAD_METRIC, "selector": selector},
-            "target": {"type": "Value", "value": _milli(a.target_load)}}},
+            "metric": {"name": IN_FLIGHT_METRIC, "selector": selector},
+            "target": {"type": "AverageValue", "averageValue": _milli(a.target_load)}}},
     ]
     return _obj("autoscaling/v2", "HorizontalPodAutoscaler",
                 _meta(model, hpa_name(model), MODEL_SERVER), spec={

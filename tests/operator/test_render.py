@@ -239,8 +239,13 @@ def test_autoscaler_targets_the_model(cfg: OperatorConfig) -> None:
     assert spec["minReplicas"] == 2 and spec["maxReplicas"] == 6
     targets = {m["external"]["metric"]["name"]: m["external"]["target"]
                for m in spec["metrics"]}
-    assert targets == {"prefixrouter_cache_pressure": {"type": "Value", "value": "700m"},
-                       "prefixrouter_load": {"type": "Value", "value": "4000m"}}
+    # Totals over per-replica targets: 500000 KV tokens x 0.7 pressure, 4 in flight.
+    assert targets == {
+        "prefixrouter_working_set_tokens": {"type": "AverageValue", "averageValue": "350000"},
+        "prefixrouter_in_flight": {"type": "AverageValue", "averageValue": "4000m"}}
+    for m in spec["metrics"]:
+        assert m["external"]["metric"]["selector"] == {"matchLabels": {
+            "prefixrouter.io/namespace": "ml", "prefixrouter.io/model": "llama"}}
     assert spec["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 120
     assert ("HorizontalPodAutoscaler", "llama") not in by_ref(render_all(model(), cfg))
 
