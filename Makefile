@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint bench bench-quick redis k8s-binaries clean
+.PHONY: demo test lint bench bench-quick redis k8s-binaries helm clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required (found %s)" % sys.version.split()[0])'
@@ -19,10 +19,13 @@ redis:
 k8s-binaries:
 	@bash hack/cluster/ensure-binaries.sh
 
+helm:
+	@bash hack/ensure-helm.sh >/dev/null
+
 demo: $(STAMP)
 	$(PY) -m bench demo
 
-test: $(STAMP) redis k8s-binaries
+test: $(STAMP) redis k8s-binaries helm
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -rs --ignore=tests/redis
 	# The Redis store tests run in their own process, so their real redis-servers and
