@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from .chat import render_chat
 from .engine import Engine, Request
 from .metrics import EngineMetrics
-from .tokenizer import count_tokens, token_ids_to_bytes, tokenize
+from .tokenizer import count_tokens, token_ids_to_bytes, tokenize, tokenize_bytes
 
 ENGINE: web.AppKey[Engine] = web.AppKey("engine", Engine)
 METRICS: web.AppKey[EngineMetrics] = web.AppKey("metrics", EngineMetrics)
@@ -286,6 +286,39 @@ async def tokenize_handler(request: web.Request) -> web.Response:
     )
 
 
+async def _render(request: web.Request, chat: bool) -> web.Response:
+    # vLLM (>= 0.20) renders a request into the GenerateRequest it would run, without running
+    # it. vllm-router's cache_aware policy asks every worker for this on every request (and
+    # falls back to /tokenize on a 404).
+    body = await _body(request)
+    model = _check_model(request, body)
+    max_tokens = _max_tokens(body, chat)
+    prompt = body.get("prompt")
+    if not chat and isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+        _prompt_bytes(body, chat)  # validates the ids
+        ids = list(prompt)
+    else:
+        ids = tokenize_bytes(_prompt_bytes(body, chat))
+    return web.json_response(
+        {
+            "request_id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24],
+            "token_ids": ids,
+            "features": None,
+            "sampling_params": {"max_tokens": max_tokens},
+            "model": model,
+            "stream": False,
+        }
+    )
+
+
+async def render_chat_handler(request: web.Request) -> web.Response:
+    return await _render(request, chat=True)
+
+
+async def render_completion_handler(request: web.Request) -> web.Response:
+    return await _render(request, chat=False)
+
+
 async def metrics(request: web.Request) -> web.Response:
     return web.Response(
         body=generate_latest(request.app[METRICS].registry),
@@ -358,6 +391,8 @@ def build_app(
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_post("/tokenize", tokenize_handler)
+    app.router.add_post("/v1/chat/completions/render", render_chat_handler)
+    app.router.add_post("/v1/completions/render", render_completion_handler)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/stats", stats)
     app.router.add_post("/reset", reset)

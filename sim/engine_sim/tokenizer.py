@@ -21,7 +21,10 @@ def count_tokens(data: bytes) -> int:
 
 
 def tokenize(text: str) -> list[int]:
-    data = text.encode()
+    return tokenize_bytes(text.encode())
+
+
+def tokenize_bytes(data: bytes) -> list[int]:
     h = xxhash.xxh32_intdigest
     return [h(data[i : i + BYTES_PER_TOKEN]) % VOCAB_SIZE for i in range(0, len(data), 4)]
 
