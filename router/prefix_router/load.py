@@ -9,14 +9,16 @@ from __future__ import annotations
 
 
 class LoadTracker:
-    __slots__ = ("_external", "_inflight", "_pending", "_remote")
+    __slots__ = ("_external", "_inflight", "_pending", "_remote", "_remote_pending")
 
     def __init__(self) -> None:
         self._inflight: dict[str, int] = {}
         self._pending: dict[str, float] = {}
         self._external: dict[str, float] = {}
-        # in flight through OTHER router replicas (shared store), refreshed on a timer
+        # in flight and pending prefill through OTHER router replicas (shared store),
+        # refreshed with every shared lookup and on a timer
         self._remote: dict[str, float] = {}
+        self._remote_pending: dict[str, float] = {}
 
     def start(self, backend: str, prefill_tokens: float) -> None:
         self._inflight[backend] = self._inflight.get(backend, 0) + 1
@@ -37,11 +39,18 @@ class LoadTracker:
         )
         self._external[backend] = extra if extra > 0 else 0.0
 
-    def set_remote(self, counts: dict[str, float]) -> None:
+    def set_remote(self, counts: dict[str, float], pending: dict[str, float] | None = None) -> None:
         self._remote = counts
+        if pending is not None:
+            self._remote_pending = pending
 
     def own_counts(self) -> dict[str, int]:
         return {b: n for b, n in self._inflight.items() if n}
+
+    def own_snapshot(self) -> dict[str, tuple[int, int]]:
+        """This router's (in flight, pending prefill tokens) per busy backend, to publish."""
+        pend = self._pending
+        return {b: (n, round(pend.get(b, 0.0))) for b, n in self._inflight.items() if n}
 
     def inflight(self, backend: str) -> float:
         return (
@@ -54,7 +63,7 @@ class LoadTracker:
         return self._inflight.get(backend, 0)
 
     def pending_prefill(self, backend: str) -> float:
-        return self._pending.get(backend, 0.0)
+        return self._pending.get(backend, 0.0) + self._remote_pending.get(backend, 0.0)
 
     def forget(self, backend: str) -> None:
         self._external.pop(backend, None)

@@ -88,6 +88,11 @@ class RouterMetrics:
             ["kind"],  # request: lookups and write-back flushes; timer: load and figures
             registry=r,
         )
+        self.store_slow_lookups = Gauge(
+            "prefix_router_store_slow_lookups",
+            "lookups routed on local state because the shared store was over its budget",
+            registry=r,
+        )
         self._prompt_sum = 0.0
         self._pred_sum = 0.0
         self._children: dict[tuple[str, ...], object] = {}

@@ -7,23 +7,29 @@ keys carry block hashes in hex, never prompt text):
   lru:<model>:<backend>   ZSET  hash scored by last use; the backend's capacity model
   ws:<bucket>             HLL   block hashes requested in a 10 s bucket (working set, a union
                                 across router replicas, not a sum)
-  load:<router id>        HASH  backend -> this router's in-flight requests (expires in 3 s,
-                                so a dead router's load disappears by itself)
+  load:<router id>        HASH  i:<backend> -> this router's in-flight requests there,
+                                p:<backend> -> its prompt tokens dispatched there whose prefill
+                                has not finished (expires in 3 s, so a dead router's load
+                                disappears by itself)
   routers                 ZSET  router id scored by its last heartbeat
   models                  SET   model names with ownership here (for dropping a backend)
   router:<router id>      HASH  windowed figures for the operator and the metrics adapter
                                 (prompt_tokens, cached_tokens, working_set_tokens, in_flight,
                                 updated_at), as operator/prefix_operator/figures.py reads them
-Round trips: a lookup is one EVALSHA for the whole chain; writes are queued and flushed as one
-pipeline every few milliseconds; load and figures are exchanged on timers, never per request.
+Round trips: a lookup is one EVALSHA for the whole chain, and its reply also carries the other
+routers' load; writes are queued and flushed as one pipeline every few milliseconds, and each
+flush republishes this router's load if it changed; a heartbeat timer keeps the load fresh
+when no requests come, and figures go out on a timer, never per request.
 The scripts touch keys they compute from a prefix, so this store needs a single Redis (or a
 cluster with every key of a model in one hash slot), not a sharded cluster.
 
 Near-cache: a lookup answer is reused for `near_cache_ttl_ms` (default 250 ms: the bounded
 staleness); the router's own records since then are merged in from a local table, so its
-next request sees them at once. When Redis is slow or down (the per-request budget
-`timeout_ms` is exceeded, or a command fails), routing continues on a full local table kept in
-step with every record, the store reports `degraded`, and a background loop reconnects.
+next request sees them at once. A lookup slower than the per-request budget `timeout_ms`
+routes that request on a full local table kept in step with every record; its late reply
+still fills the near-cache and the next request asks Redis again (slow is not down). When a
+command fails (connection refused, reset, or no reply within the 1 s socket timeout) the store
+is `degraded`: routing goes on from local state and a background loop reconnects.
 """
 
 from __future__ import annotations
@@ -62,7 +68,19 @@ for i, k in ipairs(KEYS) do
 end
 local out = {}
 for b, d in pairs(depth) do out[#out + 1] = b; out[#out + 1] = d end
-return out
+-- The other routers' load rides along, so every decision sees the load ALL routers put on
+-- each backend as of their last flush (milliseconds old), at no extra round trip.
+local p, me = ARGV[1], ARGV[2]
+local sum = {}
+for _, r in ipairs(redis.call('ZRANGEBYSCORE', p .. 'routers', ARGV[3], '+inf')) do
+  if r ~= me then
+    local h = redis.call('HGETALL', p .. 'load:' .. r)
+    for j = 1, #h, 2 do sum[h[j]] = (sum[h[j]] or 0) + tonumber(h[j + 1]) end
+  end
+end
+local load = {}
+for f, n in pairs(sum) do load[#load + 1] = f; load[#load + 1] = n end
+return {out, load}
 """
 
 _RECORD = """
@@ -105,12 +123,25 @@ return n
 WS_BUCKET_S = 10
 WS_WINDOW_S = 60
 LOAD_EXPIRY_S = 3
+MAX_LATE_LOOKUPS = 16
 LOAD_PERIOD_S = 0.2
 FIGURES_PERIOD_S = 1.0
 
 
 def _hex(h: int) -> str:
     return format(h, "016x")
+
+
+def _summed(flat: Sequence[str | float]) -> list[str | float]:
+    """Field/value pairs with repeated fields added up (several routers' load hashes)."""
+    tot: dict[str, float] = {}
+    for i in range(0, len(flat), 2):
+        f = str(flat[i])
+        tot[f] = tot.get(f, 0.0) + float(flat[i + 1])
+    out: list[str | float] = []
+    for f, n in tot.items():
+        out += [f, n]
+    return out
 
 
 class RedisStore:
@@ -151,8 +182,11 @@ class RedisStore:
         self._sha: dict[str, str] = {}
         self.round_trips = 0  # lookups and write-back flushes: the traffic requests cause
         self.timer_round_trips = 0  # load and figures exchanges: a fixed rate per router
+        self.slow_lookups = 0  # lookups answered from local state: Redis over the budget
+        self._late = 0  # lookups past their budget whose reply has not come yet
         self.load_source = None  # set by the app: a LoadTracker
         self._window: deque[tuple[float, float, float]] = deque()
+        self._published: dict[str, tuple[int, int]] | None = None  # load as last published
 
     def _new_recent(self) -> LocalStore:
         return LocalStore(self._s.block_size, 0, 3.0, 200_000, 0)
@@ -230,18 +264,39 @@ class RedisStore:
         if hit is not None and now - hit[0] <= self._near_ttl:
             shared = hit[1]
         else:
+            if self._late >= MAX_LATE_LOOKUPS:
+                # Redis answers none of the recent lookups: stop piling up more of them
+                # (each would take a connection) until they finish or time out.
+                self.slow_lookups += 1
+                return await self._fallback.lookup(model, hashes)
             keys = [f"{self._prefix}o:{model}:{_hex(h)}" for h in hashes]
             try:
-                async with asyncio.timeout(self._budget):
-                    flat = await self._redis.evalsha(self._sha["lookup"], len(keys), *keys)
-                self.round_trips += 1
-            except (TimeoutError, RedisError, OSError, KeyError) as exc:
+                call = asyncio.ensure_future(self._redis.evalsha(
+                    self._sha["lookup"], len(keys), *keys,
+                    self._prefix, self.router_id, time.time() - LOAD_EXPIRY_S,
+                ))
+            except KeyError as exc:  # scripts not loaded: Redis was down at start
                 self._fail(exc)
                 return await self._fallback.lookup(model, hashes)
-            shared = {flat[i]: int(flat[i + 1]) for i in range(0, len(flat), 2)}
-            if len(self._near) > 20_000:
-                self._near.clear()
-            self._near[key] = (now, shared)
+            self.round_trips += 1
+            done, _ = await asyncio.wait((call,), timeout=self._budget)
+            if not done:
+                # Slow is not down: this request routes on local state (a full local table
+                # kept in step with every record), the reply still fills the near-cache when
+                # it comes, and the next request asks Redis again. Cancelling instead would
+                # throw away the connection mid-reply, and degrading for a second on every
+                # scheduling hiccup of a busy host cost a third of the shared table's value.
+                self.slow_lookups += 1
+                self._late += 1
+                call.add_done_callback(lambda c, k=key: self._late_reply(c, k))
+                return await self._fallback.lookup(model, hashes)
+            exc = call.exception()
+            if exc is not None:
+                if not isinstance(exc, (RedisError, OSError)):
+                    raise exc
+                self._fail(exc)
+                return await self._fallback.lookup(model, hashes)
+            shared = self._take_reply(call.result(), key, now)
         mine = await self._recent.lookup(model, hashes)
         if not mine:
             return shared
@@ -250,6 +305,61 @@ class RedisStore:
             if d > merged.get(b, 0):
                 merged[b] = d
         return merged
+
+    def _take_reply(self, reply: list[list[str | int]], key: tuple[str, int, int],
+                    at: float) -> dict[str, int]:
+        flat, load = reply
+        shared = {str(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+        self._take_remote_load(load)
+        if len(self._near) > 20_000:
+            self._near.clear()
+        self._near[key] = (at, shared)
+        return shared
+
+    def _late_reply(self, call: asyncio.Future[list[list[str | int]]],
+                    key: tuple[str, int, int]) -> None:
+        self._late -= 1
+        if call.cancelled():
+            return
+        exc = call.exception()
+        if exc is not None:
+            if isinstance(exc, (RedisError, OSError)):
+                self._fail(exc)
+            return
+        self._take_reply(call.result(), key, time.monotonic())
+
+    def _take_remote_load(self, flat: Sequence[str | float]) -> None:
+        source = self.load_source
+        if source is None:
+            return
+        inflight: dict[str, float] = {}
+        pending: dict[str, float] = {}
+        for i in range(0, len(flat), 2):
+            field = str(flat[i])
+            (inflight if field[0] == "i" else pending)[field[2:]] = float(flat[i + 1])
+        source.set_remote(inflight, pending)
+
+    def _publish_load(self, pipe: aioredis.client.Pipeline, force: bool) -> bool:
+        """Queue this router's load on `pipe` if it changed (or `force`); True if queued."""
+        source = self.load_source
+        if source is None:
+            return False
+        snap = source.own_snapshot()
+        if snap == self._published and not force:
+            return False
+        key = f"{self._prefix}load:{self.router_id}"
+        pipe.delete(key)
+        if snap:
+            fields: dict[str, int] = {}
+            for b, (n, tokens) in snap.items():
+                fields[f"i:{b}"] = n
+                fields[f"p:{b}"] = tokens
+            pipe.hset(key, mapping=fields)
+        pipe.expire(key, LOAD_EXPIRY_S)
+        # a heartbeat too, so lookups count this load before the first heartbeat tick
+        pipe.zadd(f"{self._prefix}routers", {self.router_id: time.time()})
+        self._published = snap
+        return True
 
     def record(self, model: str, hashes: Sequence[int], backend: str) -> None:
         if not hashes:
@@ -314,6 +424,8 @@ class RedisStore:
             bucket = f"{self._prefix}ws:{int(now // WS_BUCKET_S)}"
             pipe.pfadd(bucket, *{_hex(h) for h in ws})
             pipe.expire(bucket, WS_WINDOW_S + 2 * WS_BUCKET_S)
+        # A flush follows every dispatch, so the load others see is as fresh as our last one.
+        self._publish_load(pipe, force=False)
         try:
             await pipe.execute()
             self.round_trips += 1
@@ -321,6 +433,7 @@ class RedisStore:
             self._queue[:0] = batch  # nothing lost: written again once Redis is back
             self._drops[:0] = drops
             self._recent = recent
+            self._published = None
             self._fail(exc)
 
     async def _flush_loop(self) -> None:
@@ -334,39 +447,36 @@ class RedisStore:
                 self._fail(RuntimeError("scripts not loaded"))
 
     async def _load_loop(self) -> None:
-        key = f"{self._prefix}load:{self.router_id}"
         routers = f"{self._prefix}routers"
         while not self._closed:
             await asyncio.sleep(LOAD_PERIOD_S)
             load = self.load_source
             if load is None or self._down:
                 continue
-            mine = load.own_counts()
             now = time.time()
             try:
                 pipe = self._redis.pipeline(transaction=False)
-                pipe.delete(key)
-                if mine:
-                    pipe.hset(key, mapping={b: n for b, n in mine.items()})
-                pipe.expire(key, LOAD_EXPIRY_S)
-                pipe.zadd(routers, {self.router_id: now})
+                # republished even if unchanged: it refreshes the key's expiry (the lease)
+                self._publish_load(pipe, force=True)
                 pipe.zremrangebyscore(routers, "-inf", now - LOAD_EXPIRY_S)
                 pipe.zrangebyscore(routers, now - LOAD_EXPIRY_S, "+inf")
                 res = await pipe.execute()
                 self.timer_round_trips += 1
+                # Lookups bring the others' load with each request; this read keeps it
+                # current when requests are rare or all answered from the near-cache.
                 others = [r for r in res[-1] if r != self.router_id]
-                remote: dict[str, float] = {}
+                flat: list[str | float] = []
                 if others:
                     pipe = self._redis.pipeline(transaction=False)
                     for r in others:
                         pipe.hgetall(f"{self._prefix}load:{r}")
-                    replies = await pipe.execute()
+                    for h in await pipe.execute():
+                        for f, n in h.items():
+                            flat += [f, n]
                     self.timer_round_trips += 1
-                    for h in replies:
-                        for b, n in h.items():
-                            remote[b] = remote.get(b, 0.0) + float(n)
-                load.set_remote(remote)
+                self._take_remote_load(_summed(flat))
             except (RedisError, OSError, ValueError) as exc:
+                self._published = None
                 self._fail(exc)
 
     def working_set_keys(self, now: float) -> list[str]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 
 import pytest
@@ -102,6 +104,53 @@ async def test_load_is_shared_and_a_dead_router_stops_counting(redis_server):
         await asyncio.sleep(3.6)
         assert lb.inflight("http://e1") == 0
     finally:
+        await b.close()
+
+
+async def test_a_lookup_brings_the_other_routers_load_and_pending_prefill(redis_server):
+    a, b = await pair(redis_server.url)
+    la, lb = LoadTracker(), LoadTracker()
+    a.load_source, b.load_source = la, lb
+    try:
+        la.start("http://e1", 500)
+        a.record("m", [1, 2], "http://e1")  # a dispatch: its flush publishes A's load
+        await settle()
+        # well inside the heartbeat period: only the lookup's reply can have carried it
+        await b.lookup("m", [1, 2])
+        assert lb.inflight("http://e1") == 1
+        assert lb.pending_prefill("http://e1") == 500
+        la.first_byte("http://e1", 500)
+        a.record("m", [1, 2, 3], "http://e1")
+        await settle()
+        await b.lookup("m", [1, 2, 3])
+        assert lb.pending_prefill("http://e1") == 0
+        assert la.pending_prefill("http://e1") == 0  # its own is not counted twice
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_slow_redis_is_not_a_down_redis(redis_server):
+    a, b = await pair(redis_server.url, store={"near_cache_ttl_ms": 1000})
+    try:
+        a.record("m", [4, 5, 6], "http://e1")
+        await settle()
+        os.kill(redis_server.proc.pid, signal.SIGSTOP)  # a real server that answers late
+        try:
+            t0 = time.perf_counter()
+            got = await b.lookup("m", [4, 5, 6])
+            assert time.perf_counter() - t0 < 0.1  # within the budget, not the 1 s timeout
+            assert got == {}  # routed on B's local state, which never saw the record
+        finally:
+            os.kill(redis_server.proc.pid, signal.SIGCONT)
+        await settle()
+        assert not b.degraded and b.slow_lookups == 1
+        trips = b.round_trips
+        # the late reply filled the near-cache: answered without asking Redis again
+        assert await b.lookup("m", [4, 5, 6]) == {"http://e1": 3}
+        assert b.round_trips == trips
+    finally:
+        await a.close()
         await b.close()
 
 
