@@ -45,7 +45,8 @@ if [ -n "${HELM:-}" ]; then
 fi
 
 # ---------------------------------------------------------------- 2. cache
-if [ -x "$BIN" ] && is_helm_v3 "$BIN" && [ "$("$BIN" version --short 2>/dev/null | cut -d+ -f1)" = "$HELM_VERSION" ]; then
+if [ -x "$BIN" ] && [ -f "$DEST/VERSIONS" ] && is_helm_v3 "$BIN" \
+    && [ "$("$BIN" version --short 2>/dev/null | cut -d+ -f1)" = "$HELM_VERSION" ]; then
   log "cached: $BIN ($HELM_VERSION); nothing to build"
   echo "$BIN"
   exit 0
@@ -81,8 +82,20 @@ export GOBIN="$DEST/bin.partial"
 mkdir -p "$GOBIN"
 log "building helm $HELM_VERSION with $("$GO" version) (GOPROXY=$GOPROXY); a one-time build of a few minutes"
 start=$(date +%s)
-# The version stamp `helm version` prints; a plain go install would leave it at the default.
+# helm's own Makefile stamps two things that a plain go install leaves at their defaults: the
+# version `helm version` prints, and the Kubernetes version that `helm template` and
+# `helm lint` assume without a cluster (.Capabilities.KubeVersion; v1.20 otherwise, which
+# fails charts with a kubeVersion constraint). The latter is the k8s.io/client-go minor that
+# helm's go.mod requires, as in helm's release builds.
+mod_json="$("$GO" mod download -json "helm.sh/helm/v3@$HELM_VERSION")" \
+  || die "cannot download helm.sh/helm/v3@$HELM_VERSION through $GOPROXY"
+gomod="$(printf '%s' "$mod_json" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')"
+[ -f "$gomod" ] || die "go mod download did not report the go.mod of helm.sh/helm/v3@$HELM_VERSION"
+k8s_minor="$(awk '$1 == "k8s.io/client-go" {print $2}' "$gomod" | sed -n 's/^v0\.\([0-9]*\)\..*/\1/p' | head -1)"
+[ -n "$k8s_minor" ] || die "no k8s.io/client-go requirement found in $gomod"
 ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+ldflags+=" -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1"
+ldflags+=" -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$k8s_minor"
 "$GO" install -trimpath -ldflags="$ldflags" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" >&2 \
   || die "go install helm.sh/helm/v3/cmd/helm@$HELM_VERSION failed (see above).
   With an older go, try GOTOOLCHAIN=auto (lets go fetch the toolchain helm's go.mod names),
@@ -90,6 +103,11 @@ ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
 [ -x "$GOBIN/helm" ] || die "the build finished but produced no $GOBIN/helm"
 is_helm_v3 "$GOBIN/helm" || die "the built $GOBIN/helm does not run: $("$GOBIN/helm" version --short 2>&1 || true)"
 mv -f "$GOBIN/helm" "$BIN"
+cat >"$DEST/VERSIONS" <<EOF
+helm $HELM_VERSION
+default kubeVersion v1.$k8s_minor (k8s.io/client-go in helm's go.mod)
+go $("$GO" env GOVERSION)
+EOF
 rmdir "$GOBIN" 2>/dev/null || true
 # Module sources are only needed to build; the module cache is read-only files, hence chmod.
 chmod -R u+w "$GOPATH" 2>/dev/null && rm -rf "$GOPATH"
