@@ -61,6 +61,9 @@ class StoreSettings(_Strict):
     timeout_ms: float = Field(default=5.0, gt=0)
     # Near-cache entries older than this are re-read from the store.
     near_cache_ttl_ms: float = Field(default=250.0, ge=0)
+    # Longest a write (new ownership) waits for a lookup to carry it to the store before it
+    # is sent on its own: other routers see this router's records at most this late.
+    write_delay_ms: float = Field(default=100.0, ge=0)
     max_entries_per_model: int = Field(default=2_000_000, ge=1000)
 
     @model_validator(mode="after")

@@ -42,7 +42,9 @@ import socket
 import time
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -132,6 +134,16 @@ def _hex(h: int) -> str:
     return format(h, "016x")
 
 
+async def _last(replies: Awaitable[list[Any]]) -> Any:
+    return (await replies)[-1]
+
+
+@dataclass(slots=True)
+class _Staged:
+    batch: list[tuple[str, list[int], str]]
+    drops: list[str]
+
+
 def _summed(flat: Sequence[str | float]) -> list[str | float]:
     """Field/value pairs with repeated fields added up (several routers' load hashes)."""
     tot: dict[str, float] = {}
@@ -170,9 +182,12 @@ class RedisStore:
             s.block_size, s.kv_capacity_tokens, s.ttl_seconds, s.max_table_entries, s.max_owners
         )
         # own records not yet flushed, merged into shared answers
-        self._recent = self._new_recent()
+        self._recent = self._new_recent()  # own records not yet written
+        self._sent: tuple[float, LocalStore] | None = None  # the last written, and when
         self._near: dict[tuple[str, int, int], tuple[float, dict[str, int]]] = {}
         self._queue: list[tuple[str, list[int], str]] = []
+        self._queued_at = 0.0  # when the oldest queued write came
+        self._write_delay = st.write_delay_ms / 1000.0
         self._drops: list[str] = []
         self._ws: list[int] = []
         self._degraded_until = 0.0
@@ -255,6 +270,8 @@ class RedisStore:
     async def lookup(self, model: str, hashes: Sequence[int]) -> dict[str, int]:
         if not hashes:
             return {}
+        if not (self._ws or self._queue):
+            self._queued_at = time.monotonic()
         self._ws.extend(hashes)
         if self._down:
             return await self._fallback.lookup(model, hashes)
@@ -270,11 +287,19 @@ class RedisStore:
                 self.slow_lookups += 1
                 return await self._fallback.lookup(model, hashes)
             keys = [f"{self._prefix}o:{model}:{_hex(h)}" for h in hashes]
+            args = (self._prefix, self.router_id, time.time() - LOAD_EXPIRY_S)
             try:
-                call = asyncio.ensure_future(self._redis.evalsha(
-                    self._sha["lookup"], len(keys), *keys,
-                    self._prefix, self.router_id, time.time() - LOAD_EXPIRY_S,
-                ))
+                sha = self._sha["lookup"]
+                if self._has_writes():
+                    # Queued writes ride on this round trip, ahead of the lookup, so a
+                    # request costs one round trip, not a lookup plus a flush.
+                    pipe = self._redis.pipeline(transaction=False)
+                    staged = self._stage(pipe)
+                    pipe.evalsha(sha, len(keys), *keys, *args)
+                    call = asyncio.ensure_future(_last(pipe.execute()))
+                else:
+                    staged = None
+                    call = asyncio.ensure_future(self._redis.evalsha(sha, len(keys), *keys, *args))
             except KeyError as exc:  # scripts not loaded: Redis was down at start
                 self._fail(exc)
                 return await self._fallback.lookup(model, hashes)
@@ -288,16 +313,23 @@ class RedisStore:
                 # scheduling hiccup of a busy host cost a third of the shared table's value.
                 self.slow_lookups += 1
                 self._late += 1
-                call.add_done_callback(lambda c, k=key: self._late_reply(c, k))
+                call.add_done_callback(lambda c, k=key, w=staged: self._late_reply(c, k, w))
                 return await self._fallback.lookup(model, hashes)
             exc = call.exception()
             if exc is not None:
                 if not isinstance(exc, (RedisError, OSError)):
                     raise exc
+                self._unstage(staged)
                 self._fail(exc)
                 return await self._fallback.lookup(model, hashes)
             shared = self._take_reply(call.result(), key, now)
         mine = await self._recent.lookup(model, hashes)
+        sent = self._sent
+        if sent is not None and now - sent[0] <= self._near_ttl:
+            # written, but a near-cache answer may predate it
+            for b, d in (await sent[1].lookup(model, hashes)).items():
+                if d > mine.get(b, 0):
+                    mine[b] = d
         if not mine:
             return shared
         merged = dict(shared)
@@ -317,12 +349,14 @@ class RedisStore:
         return shared
 
     def _late_reply(self, call: asyncio.Future[list[list[str | int]]],
-                    key: tuple[str, int, int]) -> None:
+                    key: tuple[str, int, int], staged: _Staged | None) -> None:
         self._late -= 1
         if call.cancelled():
+            self._unstage(staged)
             return
         exc = call.exception()
         if exc is not None:
+            self._unstage(staged)
             if isinstance(exc, (RedisError, OSError)):
                 self._fail(exc)
             return
@@ -367,11 +401,15 @@ class RedisStore:
         self._fallback.record(model, hashes, backend)
         self._recent.record(model, hashes, backend)
         if len(self._queue) < 50_000:  # bounded: under a long outage the oldest writes wait
+            if not (self._ws or self._queue):
+                self._queued_at = time.monotonic()
             self._queue.append((model, list(hashes), backend))
 
     def drop_backend(self, backend: str) -> None:
         self._fallback.drop_backend(backend)
         self._recent.drop_backend(backend)
+        if self._sent is not None:
+            self._sent[1].drop_backend(backend)
         self._near.clear()
         self._drops.append(backend)
 
@@ -393,15 +431,20 @@ class RedisStore:
         self._window.append((time.time(), prompt_tokens, predicted_cached))
 
     # -- background work --------------------------------------------------------------------
-    async def _flush(self) -> None:
-        if not (self._queue or self._drops or self._ws):
-            return
+    def _has_writes(self) -> bool:
+        return bool(self._queue or self._drops)
+
+    def _stage(self, pipe: aioredis.client.Pipeline) -> _Staged:
+        """Move the queued writes onto `pipe` (records, drops, working set, own load)."""
         batch, self._queue = self._queue[:2000], self._queue[2000:]
+        if self._queue:
+            self._queued_at = time.monotonic()
         drops, self._drops = self._drops, []
         ws, self._ws = self._ws, []
-        recent, self._recent = self._recent, self._new_recent()
+        if batch:
+            self._sent = (time.monotonic(), self._recent)
+            self._recent = self._new_recent()
         now = time.time()
-        pipe = self._redis.pipeline(transaction=False)
         for model, hashes, backend in batch:
             pipe.evalsha(
                 self._sha["record"],
@@ -424,22 +467,42 @@ class RedisStore:
             bucket = f"{self._prefix}ws:{int(now // WS_BUCKET_S)}"
             pipe.pfadd(bucket, *{_hex(h) for h in ws})
             pipe.expire(bucket, WS_WINDOW_S + 2 * WS_BUCKET_S)
-        # A flush follows every dispatch, so the load others see is as fresh as our last one.
+        # Writes follow dispatches, so the load others see is as fresh as our last write.
         self._publish_load(pipe, force=False)
+        return _Staged(batch, drops)
+
+    def _unstage(self, staged: _Staged | None) -> None:
+        """Nothing lost: a failed write goes back to the queue, sent again once Redis is back."""
+        if staged is None:
+            return
+        if staged.batch and not self._queue:
+            self._queued_at = time.monotonic()
+        self._queue[:0] = staged.batch
+        self._drops[:0] = staged.drops
+        self._published = None
+
+    async def _flush(self) -> None:
+        if not (self._queue or self._drops or self._ws):
+            return
+        pipe = self._redis.pipeline(transaction=False)
+        staged = self._stage(pipe)
         try:
             await pipe.execute()
             self.round_trips += 1
         except (RedisError, OSError) as exc:
-            self._queue[:0] = batch  # nothing lost: written again once Redis is back
-            self._drops[:0] = drops
-            self._recent = recent
-            self._published = None
+            self._unstage(staged)
             self._fail(exc)
 
     async def _flush_loop(self) -> None:
         while not self._closed:
             await asyncio.sleep(0.005)
             if self._down:
+                continue
+            # Writes wait for the next lookup to carry them, up to the write delay; drops
+            # (a backend gone) and a long queue go at once.
+            waited = time.monotonic() - self._queued_at
+            if not (self._drops or len(self._queue) >= 1000 or len(self._ws) >= 20_000 or
+                    ((self._queue or self._ws) and waited >= self._write_delay)):
                 continue
             try:
                 await self._flush()

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.redis
 
 
 def settings(url: str, **kw) -> RouterSettings:
-    store = {"mode": "redis", "url": url, "timeout_ms": 20, "near_cache_ttl_ms": 0}
+    store = {"mode": "redis", "url": url, "timeout_ms": 20, "near_cache_ttl_ms": 0,
+             "write_delay_ms": 0}
     store.update(kw.pop("store", {}))
     return RouterSettings.model_validate(
         {"model_key": "ns/m", "kv_capacity_tokens": 16 * 50, "store": store, **kw}
@@ -125,6 +126,25 @@ async def test_a_lookup_brings_the_other_routers_load_and_pending_prefill(redis_
         await b.lookup("m", [1, 2, 3])
         assert lb.pending_prefill("http://e1") == 0
         assert la.pending_prefill("http://e1") == 0  # its own is not counted twice
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_writes_ride_on_the_next_lookup_or_go_after_the_write_delay(redis_server):
+    a, b = await pair(redis_server.url, store={"write_delay_ms": 400})
+    try:
+        a.record("m", [1, 2], "http://e1")
+        await settle()
+        assert await b.lookup("m", [1, 2]) == {}  # still queued at A
+        trips = a.round_trips
+        await a.lookup("m", [9])  # carries the queued write: one round trip for both
+        assert a.round_trips == trips + 1
+        assert await b.lookup("m", [1, 2]) == {"http://e1": 2}
+        a.record("m", [3, 4], "http://e2")
+        await asyncio.sleep(0.6)  # no lookup comes: the write goes on its own
+        assert await b.lookup("m", [3, 4]) == {"http://e2": 2}
+        assert a.round_trips == trips + 2
     finally:
         await a.close()
         await b.close()
