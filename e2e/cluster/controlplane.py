@@ -396,6 +396,14 @@ class ControlPlane:
                 sans.append(f"DNS:{h}")
         return self._pki.cert(name, self.ca, name, server_sans=sans, client=False)
 
+    def issue_client_cert(self, name: str, cn: str, *, front_proxy: bool = False,
+                          orgs: Sequence[str] = ()) -> tuple[Path, Path]:
+        """A client certificate (crt, key) for CN `cn`, signed by the cluster CA or (with
+        front_proxy) by the front-proxy CA: what a test needs to knock on an aggregated API
+        server's door with the wrong name or the wrong CA."""
+        ca = self.front_proxy_ca if front_proxy else self.ca
+        return self._pki.cert(name, ca, cn, orgs=orgs)
+
     def expose_local_service(self, name: str, namespace: str, port: int,
                              host: str = "localhost") -> str:
         """Create a Service `name` of type ExternalName -> `host` (default localhost) with `port`.

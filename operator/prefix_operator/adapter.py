@@ -102,6 +102,18 @@ async def _resources(_: web.Request) -> web.Response:
     return _json(em.api_resource_list())
 
 
+async def _openapi_v2(_: web.Request) -> web.Response:
+    return _json(em.openapi_v2())
+
+
+async def _openapi_v3_discovery(_: web.Request) -> web.Response:
+    return _json(em.openapi_v3_discovery())
+
+
+async def _openapi_v3(_: web.Request) -> web.Response:
+    return _json(em.openapi_v3())
+
+
 async def _ok(_: web.Request) -> web.Response:
     return web.Response(text="ok")
 
@@ -153,8 +165,10 @@ def make_app(auth: RequestHeaderConfig, figures: ModelFigures,
     app.router.add_get(f"/apis/{em.GROUP}", _group)
     app.router.add_get(base, _resources)
     app.router.add_get(base + "/namespaces/{namespace}/{metric}", _metric)
-    # Everything else answers a Status, as any API server would (kube-apiserver's OpenAPI
-    # aggregation asks for /openapi/v2 and /openapi/v3 and takes a 404 as "none served").
+    app.router.add_get("/openapi/v2", _openapi_v2)
+    app.router.add_get("/openapi/v3", _openapi_v3_discovery)
+    app.router.add_get(em.OPENAPI_V3_PATH, _openapi_v3)
+    # Everything else answers a Status, as any API server would.
     app.router.add_route("*", "/{tail:.*}", _not_found)
     return app
 

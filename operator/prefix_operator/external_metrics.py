@@ -222,6 +222,27 @@ def api_resource_list() -> dict[str, Any]:
                           for m in METRICS]}
 
 
+# kube-apiserver's OpenAPI aggregation downloads /openapi/v2 and /openapi/v3 from every
+# aggregated API server; a 404 is logged as an error and retried with backoff forever. We
+# publish no schemas (the metric values are the only objects, and nothing validates them), so
+# these documents are valid and empty.
+OPENAPI_INFO = {"title": "prefix-metrics-adapter", "version": GROUP_VERSION}
+OPENAPI_V3_PATH = f"/openapi/v3/apis/{GROUP_VERSION}"
+
+
+def openapi_v2() -> dict[str, Any]:
+    return {"swagger": "2.0", "info": dict(OPENAPI_INFO), "paths": {}, "definitions": {}}
+
+
+def openapi_v3_discovery() -> dict[str, Any]:
+    return {"paths": {f"apis/{GROUP_VERSION}": {"serverRelativeURL": OPENAPI_V3_PATH}}}
+
+
+def openapi_v3() -> dict[str, Any]:
+    return {"openapi": "3.0.0", "info": dict(OPENAPI_INFO), "paths": {},
+            "components": {"schemas": {}}}
+
+
 def status(code: int, reason: str, message: str) -> dict[str, Any]:
     """A Kubernetes Status body: what kubectl and the HPA controller understand as an error."""
     return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",

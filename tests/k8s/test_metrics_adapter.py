@@ -1,0 +1,428 @@
+"""The external-metrics adapter against a real control plane, and the HPA end to end.
+
+Real parts only: kube-apiserver's aggregation layer proxies external.metrics.k8s.io to the
+`prefix-metrics-adapter` command running as a process on this machine (an ExternalName
+Service -> localhost, see docs/controlplane.md), with kube-apiserver's own front-proxy client
+certificate; the adapter reads the requestheader CA from kube-system/
+extension-apiserver-authentication, lists PrefixRoutedModels through the API and reads the
+routers' published figures from a real redis-server (the models' external cache store, behind
+a password Secret). The HPA is the real controller in kube-controller-manager; the operator is
+the `prefix-operator` process; kwok makes the model-server pods Ready.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from test_operator import Operator
+
+pytestmark = pytest.mark.k8s
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_PATH = ROOT / "crds" / "prefixroutedmodel.yaml"
+GV = "external.metrics.k8s.io/v1beta1"
+APISERVICE = "v1beta1.external.metrics.k8s.io"
+SERVICE = "prefix-metrics-adapter"
+# Short, so that the test of the HPA holding on stale data is quick; the stale-data test
+# below writes timestamps far older than this.
+STALE_AFTER = 8.0
+PASSWORD = "adapter-s3cret"
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def cp(control_plane: Any) -> Any:
+    if not hasattr(control_plane, "expose_local_service"):
+        pytest.skip("the adapter runs as a local process: needs the local control plane")
+    control_plane.kubectl("apply", "--server-side", "--force-conflicts",
+                          "--field-manager=tests", "-f", str(CRD_PATH))
+    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=30s",
+                          "crd/prefixroutedmodels.prefixrouter.io")
+    return control_plane
+
+
+def make_namespace(cp: Any, prefix: str) -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    cp.kubectl("create", "namespace", name)
+    cp.wait_for(lambda: cp.kubectl("get", "serviceaccount", "default", "-n", name,
+                                   check=False).returncode == 0, 30, "default ServiceAccount")
+    cp.apply({"apiVersion": "v1", "kind": "Secret",
+              "metadata": {"name": "store-auth", "namespace": name},
+              "data": {"password": base64.b64encode(PASSWORD.encode()).decode()}})
+    return name
+
+
+@pytest.fixture(scope="module")
+def ns(cp: Any) -> Iterator[str]:
+    """Models for the adapter alone (no operator watches them)."""
+    name = make_namespace(cp, "ma")
+    yield name
+    cp.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def hpa_ns(cp: Any) -> Iterator[str]:
+    """The autoscaled model's own namespace, which the operator watches."""
+    name = make_namespace(cp, "hpa")
+    yield name
+    cp.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def store() -> Iterator[redis.Redis]:
+    """A real redis-server with a password: the models' external cache store."""
+    from controlplane import free_port
+
+    binary = os.environ.get("REDIS_SERVER") or shutil.which("redis-server")
+    if not binary:
+        pytest.fail("redis-server is not installed (make test installs it)", pytrace=False)
+    port = free_port()
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1",
+                             "--requirepass", PASSWORD, "--save", "", "--appendonly", "no"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = redis.Redis(port=port, password=PASSWORD, decode_responses=True)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise
+            time.sleep(0.05)
+    yield client
+    client.close()
+    proc.terminate()
+    proc.wait(5)
+
+
+class Adapter:
+    def __init__(self, cp: Any, work: Path) -> None:
+        from controlplane import free_port
+
+        self.cp = cp
+        self.port = free_port()
+        self.dns_name = cp.expose_local_service(SERVICE, "default", self.port)
+        self.cert = cp.issue_serving_cert(SERVICE, [self.dns_name, "localhost", "127.0.0.1"])
+        self.log_path = work / "adapter.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        exe = Path(sys.executable).parent / "prefix-metrics-adapter"
+        assert exe.exists(), f"{exe} missing: pip install -e . installs the command"
+        # No --requestheader-client-ca-file: the adapter reads the CA and the allowed names
+        # from the ConfigMap kube-apiserver publishes, as it does in a cluster.
+        cmd = [str(exe), "--secure-port", str(self.port), "--bind-address", "127.0.0.1",
+               "--tls-cert-file", str(self.cert[0]), "--tls-private-key-file", str(self.cert[1]),
+               "--kubeconfig", str(self.cp.kubeconfig),
+               "--stale-after-seconds", str(STALE_AFTER), "-v"]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.cp.wait_for(self.healthy, 30, "the adapter's /healthz")
+
+    def healthy(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"the adapter exited ({self.proc.returncode}):\n{self.tail()}")
+        try:
+            status, _ = call(f"https://127.0.0.1:{self.port}/healthz", self.cp)
+            return status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "<no log>"
+
+
+@pytest.fixture(scope="module")
+def adapter(cp: Any, tmp_path_factory: pytest.TempPathFactory,
+            request: pytest.FixtureRequest) -> Iterator[Adapter]:
+    a = Adapter(cp, tmp_path_factory.mktemp("adapter"))
+    a.start()
+    cp.apply({
+        "apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+        "metadata": {"name": APISERVICE},
+        "spec": {"group": "external.metrics.k8s.io", "version": "v1beta1",
+                 "service": {"namespace": "default", "name": SERVICE, "port": a.port},
+                 "caBundle": base64.b64encode(cp.ca_file.read_bytes()).decode(),
+                 "groupPriorityMinimum": 100, "versionPriority": 100},
+    })
+    try:
+        cp.kubectl("wait", "--for=condition=Available", "--timeout=30s",
+                   f"apiservice/{APISERVICE}")
+        yield a
+    finally:
+        cp.kubectl("delete", "apiservice", APISERVICE, "--ignore-not-found", check=False)
+        cp.kubectl("delete", "service", SERVICE, "-n", "default", "--ignore-not-found",
+                   check=False)
+        a.stop()
+        if request.session.testsfailed:
+            sys.stderr.write(f"\n--- adapter log ({a.log_path}) ---\n{a.tail()}\n")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def call(url: str, cp: Any, cert: tuple[Path, Path] | None = None,
+         headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    """One HTTPS GET straight to the adapter (not through the apiserver)."""
+    ctx = ssl.create_default_context(cafile=str(cp.ca_file))
+    if cert is not None:
+        ctx.load_cert_chain(str(cert[0]), str(cert[1]))
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, context=ctx, timeout=5) as r:
+            raw = r.read()
+            status = r.status
+    except urllib.error.HTTPError as e:
+        raw, status = e.read(), e.code
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode(errors="replace")
+
+
+def prm(cp: Any, ns: str, name: str, store: redis.Redis, **spec: Any) -> None:
+    port = store.connection_pool.connection_kwargs["port"]
+    spec.setdefault("model", {"name": "llama", "source": "meta-llama/Llama-3.1-8B-Instruct"})
+    spec.setdefault("cacheStore", {"type": "external", "url": f"redis://127.0.0.1:{port}/0",
+                                   "passwordSecretRef": {"name": "store-auth"}})
+    cp.apply({"apiVersion": "prefixrouter.io/v1alpha1", "kind": "PrefixRoutedModel",
+              "metadata": {"name": name, "namespace": ns}, "spec": spec})
+
+
+def publish(store: redis.Redis, ns: str, name: str,
+            routers: dict[str, tuple[int, int]], age: float = 0.0) -> None:
+    """What router replicas publish (see prefix_operator/figures.py): per router id,
+    (working_set_tokens, in_flight), stamped `age` seconds ago."""
+    at = time.time() - age
+    for rid, (working_set, in_flight) in routers.items():
+        store.hset(f"prefixrouter:{ns}/{name}:router:{rid}", mapping={
+            "prompt_tokens": 1000, "cached_tokens": 500, "working_set_tokens": working_set,
+            "in_flight": in_flight, "updated_at": at})
+
+
+def raw(cp: Any, path: str) -> Any:
+    return json.loads(cp.kubectl("get", "--raw", path).stdout)
+
+
+def metric(cp: Any, ns: str, name: str, selector: str | None = None) -> list[dict[str, Any]]:
+    path = f"/apis/{GV}/namespaces/{ns}/{name}"
+    if selector is not None:
+        path += "?labelSelector=" + urllib.parse.quote(selector)
+    out = raw(cp, path)
+    assert out["kind"] == "ExternalMetricValueList"
+    return out["items"]
+
+
+def by_model(items: list[dict[str, Any]]) -> dict[str, str]:
+    return {i["metricLabels"]["prefixrouter.io/model"]: i["value"] for i in items}
+
+
+# --------------------------------------------------------------------------- the adapter
+
+
+def test_discovery_through_the_aggregator(cp: Any, adapter: Adapter) -> None:
+    resources = raw(cp, f"/apis/{GV}")
+    assert resources["kind"] == "APIResourceList"
+    assert sorted(r["name"] for r in resources["resources"]) == [
+        "prefixrouter_in_flight", "prefixrouter_working_set_tokens"]
+    groups = {g["name"] for g in raw(cp, "/apis")["groups"]}
+    assert "external.metrics.k8s.io" in groups
+    out = cp.kubectl("api-resources", "--api-group=external.metrics.k8s.io", "-o", "name")
+    assert "prefixrouter_in_flight" in out.stdout
+
+
+def test_values_per_model_by_label_selector(cp: Any, ns: str, store: redis.Redis,
+                                            adapter: Adapter) -> None:
+    prm(cp, ns, "alpha", store)
+    prm(cp, ns, "beta", store)
+    publish(store, ns, "alpha", {"r1": (30000, 3), "r2": (45000, 4)})
+    publish(store, ns, "beta", {"r1": (1000, 1)})
+
+    items = metric(cp, ns, "prefixrouter_in_flight", f"prefixrouter.io/model=alpha,"
+                   f"prefixrouter.io/namespace={ns}")
+    assert len(items) == 1
+    item = items[0]
+    assert item["metricName"] == "prefixrouter_in_flight"
+    assert item["value"] == "7"  # in flight adds up over the routers
+    assert item["metricLabels"] == {"prefixrouter.io/model": "alpha",
+                                    "prefixrouter.io/namespace": ns}
+    assert item["timestamp"].endswith("Z")
+    # the routers share one table: the widest view is the model's working set
+    assert by_model(metric(cp, ns, "prefixrouter_working_set_tokens",
+                           "prefixrouter.io/model=alpha")) == {"alpha": "45000"}
+    assert by_model(metric(cp, ns, "prefixrouter_in_flight")) == {"alpha": "7", "beta": "1"}
+    assert by_model(metric(cp, ns, "prefixrouter_in_flight",
+                           "prefixrouter.io/model in (beta,gamma)")) == {"beta": "1"}
+    # the path's namespace bounds the answer
+    assert metric(cp, "default", "prefixrouter_in_flight", "prefixrouter.io/model=alpha") == []
+    # an unknown metric and a malformed selector are API errors, not empty answers
+    unknown = cp.kubectl("get", "--raw", f"/apis/{GV}/namespaces/{ns}/nope", check=False)
+    assert unknown.returncode != 0 and "NotFound" in unknown.stderr
+    bad = cp.kubectl("get", "--raw",
+                     f"/apis/{GV}/namespaces/{ns}/prefixrouter_in_flight?labelSelector=a%20in%20(b",
+                     check=False)
+    assert bad.returncode != 0 and "BadRequest" in bad.stderr
+
+
+def test_stale_missing_or_unreachable_figures_give_no_items(cp: Any, ns: str,
+                                                            store: redis.Redis,
+                                                            adapter: Adapter) -> None:
+    prm(cp, ns, "stale", store)
+    prm(cp, ns, "silent", store)  # no router ever published
+    # A store that is not there: a closed port, the real failure (no mock).
+    from controlplane import free_port
+    prm(cp, ns, "away", store, cacheStore={"type": "external",
+                                           "url": f"redis://127.0.0.1:{free_port()}/0"})
+    publish(store, ns, "stale", {"r1": (5000, 9)}, age=600)
+    for name in ("stale", "silent", "away"):
+        for m in ("prefixrouter_in_flight", "prefixrouter_working_set_tokens"):
+            assert metric(cp, ns, m, f"prefixrouter.io/model={name}") == [], (name, m)
+    # one fresh router is enough; the stale one is left out of the total
+    publish(store, ns, "stale", {"r2": (100, 2)})
+    assert by_model(metric(cp, ns, "prefixrouter_in_flight",
+                           "prefixrouter.io/model=stale")) == {"stale": "2"}
+
+
+def test_only_the_front_proxy_gets_in(cp: Any, adapter: Adapter) -> None:
+    base = f"https://127.0.0.1:{adapter.port}"
+    url = f"{base}/apis/{GV}/namespaces/default/prefixrouter_in_flight"
+    # no client certificate
+    status, body = call(url, cp, headers={"X-Remote-User": "admin"})
+    assert status == 401
+    assert (body["kind"], body["reason"], body["code"]) == ("Status", "Unauthorized", 401)
+    status, _ = call(f"{base}/apis/{GV}", cp)
+    assert status == 401  # discovery too
+    # a certificate of the right CA with a name that is not allowed
+    intruder = cp.issue_client_cert("intruder", "intruder", front_proxy=True)
+    status, body = call(url, cp, cert=intruder, headers={"X-Remote-User": "admin"})
+    assert status == 401 and "intruder" in body["message"]
+    # a certificate of another CA (the cluster's own admin): no TLS session at all
+    admin = cp.issue_client_cert("not-front-proxy", "front-proxy-client")
+    with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+        call(url, cp, cert=admin, headers={"X-Remote-User": "admin"})
+    # kube-apiserver's own front-proxy certificate, but nobody named
+    status, _ = call(url, cp, cert=cp.front_proxy_client)
+    assert status == 401
+    status, body = call(url, cp, cert=cp.front_proxy_client,
+                        headers={"X-Remote-User": "admin", "X-Remote-Group": "system:masters"})
+    assert status == 200 and body["kind"] == "ExternalMetricValueList"
+    # probes need no certificate
+    assert call(f"{base}/healthz", cp)[0] == 200
+    assert call(f"{base}/readyz", cp)[0] == 200
+
+
+# --------------------------------------------------------------------------- the HPA
+
+
+def test_hpa_scales_the_model_on_our_metrics(cp: Any, hpa_ns: str, store: redis.Redis,
+                                             adapter: Adapter,
+                                             tmp_path_factory: pytest.TempPathFactory,
+                                             request: pytest.FixtureRequest) -> None:
+    op = Operator(cp, hpa_ns, tmp_path_factory.mktemp("operator"))
+    op.start()
+    try:
+        _hpa_end_to_end(cp, hpa_ns, store)
+    finally:
+        op.stop()
+        if request.session.testsfailed:
+            sys.stderr.write(f"\n--- operator log ({op.log_path}) ---\n{op.tail()}\n")
+
+
+def _hpa_end_to_end(cp: Any, ns: str, store: redis.Redis) -> None:
+    name = "auto"
+    # Per replica: 100k KV tokens x 0.8 = 80k tokens of working set, 4 requests in flight.
+    prm(cp, ns, name, store, minReplicas=1, maxReplicas=4,
+        router={"kvCapacityTokens": 100000},
+        autoscaling={"enabled": True, "targetCachePressure": 0.8, "targetLoad": 4,
+                     "scaleDownStabilizationSeconds": 5})
+    hpa = cp.wait_for(lambda: get(cp, ns, "hpa", name), 30, "the operator's HPA")
+    targets = {m["external"]["metric"]["name"]: m["external"]["target"]
+               for m in hpa["spec"]["metrics"]}
+    assert targets["prefixrouter_working_set_tokens"] == {"type": "AverageValue",
+                                                          "averageValue": "80k"}
+    assert targets["prefixrouter_in_flight"]["type"] == "AverageValue"
+
+    def scaled_to(n: int, figures: dict[str, tuple[int, int]] | None) -> dict[str, Any] | None:
+        if figures is not None:  # the routers keep publishing while the HPA works
+            publish(store, ns, name, figures)
+        obj = get(cp, ns, "prm", name)
+        if not obj or obj["spec"]["replicas"] != n:
+            return None
+        ms = get(cp, ns, "deployment", f"{name}-model-server")
+        ok = ms and ms["spec"]["replicas"] == n and obj["status"].get("readyReplicas") == n
+        return obj if ok else None
+
+    # 10 in flight over two routers, at 4 per replica: ceil(10 / 4) = 3 model servers.
+    # (The working set, 30k tokens, alone would ask for 1.) The HPA's first sync may wait
+    # for kube-controller-manager's REST mapper to learn the CRD (it resets every 30 s).
+    obj = cp.wait_for(lambda: scaled_to(3, {"r1": (30000, 6), "r2": (20000, 4)}), 90,
+                      "the HPA to scale the model to 3 on in-flight requests", interval=0.5)
+    assert cond(obj, "AutoscalingReady")["status"] in ("True", "False")
+    cp.wait_for(lambda: publish(store, ns, name, {"r1": (30000, 6), "r2": (20000, 4)}) or
+                cond(get(cp, ns, "prm", name), "AutoscalingReady").get("reason")
+                == "AutoscalerActive", 30, "AutoscalingReady=True from the HPA", interval=0.5)
+
+    # Cache pressure: a 300k-token working set needs ceil(300k / 80k) = 4 replicas, though
+    # the load alone (2 in flight) would ask for 1.
+    cp.wait_for(lambda: scaled_to(4, {"r1": (300000, 1), "r2": (250000, 1)}), 60,
+                "the HPA to scale the model to 4 on cache pressure", interval=0.5)
+
+    # The routers fall silent: no values, so the HPA holds (it would scale down on zeros).
+    t_silent = time.monotonic()
+    hpa = cp.wait_for(
+        lambda: (h := get(cp, ns, "hpa", name)) and cond(h, "ScalingActive").get("reason")
+        == "FailedGetExternalMetric" and h, 60, "the HPA to report the missing metrics",
+        interval=0.5)
+    assert time.monotonic() - t_silent >= STALE_AFTER - 2  # not before the data went stale
+    assert get(cp, ns, "prm", name)["spec"]["replicas"] == 4
+    time.sleep(6)  # more than one HPA sync (5 s) and the scale-down window (5 s)
+    assert get(cp, ns, "prm", name)["spec"]["replicas"] == 4
+
+    # Load gone, routers back: down to minReplicas after the stabilisation window.
+    cp.wait_for(lambda: scaled_to(1, {"r1": (1000, 0), "r2": (800, 0)}), 60,
+                "the HPA to scale the model back to 1", interval=0.5)
+
+
+def get(cp: Any, ns: str, kind: str, name: str) -> dict[str, Any] | None:
+    proc = cp.kubectl("get", kind, name, "-n", ns, "-o", "json", check=False)
+    return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+
+def cond(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
+    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if c["type"] == type_:
+            return c
+    return {}
