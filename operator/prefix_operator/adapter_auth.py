@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from aiohttp import web
 
@@ -121,10 +122,11 @@ def authenticate(auth: RequestHeaderConfig, peercert: Mapping[str, Any] | None,
     for h in auth.group_headers:
         groups += getall(h, []) if getall else ([headers[h]] if h in headers else [])
     extra: dict[str, list[str]] = {}
-    for key in headers:
+    for key, value in headers.items():  # items(): a repeated header is several values
         for prefix in auth.extra_headers_prefixes:
             if key.lower().startswith(prefix.lower()):
-                extra.setdefault(key[len(prefix):].lower(), []).append(headers[key])
+                # kube-apiserver percent-encodes extra keys to fit them in a header name.
+                extra.setdefault(unquote(key[len(prefix):]).lower(), []).append(value)
     return User(name, tuple(groups), extra)
 
 

@@ -30,10 +30,12 @@ def test_the_front_proxy_vouches_for_the_user() -> None:
     h = headers(("X-Remote-User", "system:serviceaccount:kube-system:horizontal-pod-autoscaler"),
                 ("X-Remote-Group", "system:serviceaccounts"),
                 ("X-Remote-Group", "system:authenticated"),
-                ("X-Remote-Extra-Scopes", "a"))
+                ("X-Remote-Extra-Scopes", "a"), ("X-Remote-Extra-Scopes", "b"),
+                ("X-Remote-Extra-Example.com%2fteam", "ml"))
     user = authenticate(AUTH, FRONT_PROXY, h)
     assert user == User("system:serviceaccount:kube-system:horizontal-pod-autoscaler",
-                        ("system:serviceaccounts", "system:authenticated"), {"scopes": ["a"]})
+                        ("system:serviceaccounts", "system:authenticated"),
+                        {"scopes": ["a", "b"], "example.com/team": ["ml"]})
 
 
 @pytest.mark.parametrize(("peercert", "hdrs", "why"), [
