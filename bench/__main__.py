@@ -1,4 +1,4 @@
-"""`python -m bench`: run | overhead | demo | suite."""
+"""`python -m bench`: run | overhead | demo | suite | anchors-smoke | ..."""
 
 from __future__ import annotations
 
@@ -46,6 +46,11 @@ def main(argv: list[str] | None = None) -> None:
     f.add_argument("--seconds", type=float, default=120.0)
     sub.add_parser("redis-memory", help="Redis memory per million ownership entries")
     sub.add_parser("report", help="rebuild bench/results/README.md from the JSON files")
+    a = sub.add_parser("anchors-smoke", help="each installed anchor router and inference-perf")
+    a.add_argument("--sims", type=int, default=3)
+    a.add_argument("--rate", type=float, default=5.0)
+    a.add_argument("--seconds", type=float, default=10.0)
+    a.add_argument("--no-client", action="store_true", help="skip the third-party client")
     args = p.parse_args(argv)
     try:
         import uvloop
@@ -96,6 +101,10 @@ def main(argv: list[str] | None = None) -> None:
         from .suite import write_readme
 
         write_readme()
+    elif args.cmd == "anchors-smoke":
+        from .anchors import smoke
+
+        asyncio.run(smoke(args.sims, args.rate, args.seconds, client=not args.no_client))
     else:  # pragma: no cover
         sys.exit(2)
 

@@ -17,6 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .fleet import Fleet, Proc, free_port
 
@@ -299,6 +300,180 @@ async def start_anchor(fleet: Fleet, anchor: Anchor, workers: list[str]) -> Proc
     p = await fleet.start(anchor.name, args, port, "/readiness", timeout=60.0)
     await wait_workers(p.url, len(workers))
     return p
+
+
+# ----------------------------------------------------------------------------------------------
+# `python -m bench anchors-smoke`: every installed anchor, then a third-party client, briefly.
+
+
+async def engine_ttft(urls: list[str]) -> tuple[float, float]:
+    """(sum of seconds, count) of vllm:time_to_first_token_seconds over the simulators: the
+    engine's own TTFT (arrival at the engine to first token), without network or router."""
+    import aiohttp
+
+    total = count = 0.0
+    async with aiohttp.ClientSession() as s:
+        for u in urls:
+            async with s.get(u + "/metrics") as r:
+                text = await r.text()
+            for line in text.splitlines():
+                if line.startswith("vllm:time_to_first_token_seconds_sum"):
+                    total += float(line.rsplit(" ", 1)[1])
+                elif line.startswith("vllm:time_to_first_token_seconds_count"):
+                    count += float(line.rsplit(" ", 1)[1])
+    return total, count
+
+
+def summarize(
+    name: str, version: str, log: Any, stats: list[dict], ttft_engine: float | None
+) -> dict[str, Any]:
+    """One smoke row from a load-generator log and the simulators' /stats."""
+    from .stats import ms, percentile
+
+    ok = [r for r in log.results if r.ok]
+    ttfts = [r.ttft for r in ok if r.ttft is not None]
+    prompt = sum(s["prompt_tokens"] for s in stats)
+    cached = sum(s["cached_tokens"] for s in stats)
+    return {
+        "router": name,
+        "version": version,
+        "requests_sent": len(log.sent),
+        "requests_ok": len(ok),
+        "errors": len(log.sent) - len(ok),
+        "engine_hit_rate": round(cached / prompt, 4) if prompt else 0.0,
+        "ttft_p50_ms": ms(percentile(ttfts, 50)),
+        "ttft_p99_ms": ms(percentile(ttfts, 99)),
+        "engine_ttft_mean_ms": ttft_engine,
+        "per_replica_requests": [s["requests"] for s in stats],
+        "first_errors": sorted({r.error for r in log.results if not r.ok})[:3],
+    }
+
+
+async def _measure(fleet_sims: list[str], run: Any) -> tuple[Any, list[dict], float | None]:
+    from .run import fetch_stats, reset
+
+    await reset(fleet_sims)
+    s0, c0 = await engine_ttft(fleet_sims)
+    out = await run()
+    stats = await fetch_stats(fleet_sims)
+    s1, c1 = await engine_ttft(fleet_sims)
+    mean = round((s1 - s0) / (c1 - c0) * 1000.0, 2) if c1 > c0 else None
+    return out, stats, mean
+
+
+async def smoke(
+    sims: int = 3,
+    rate: float = 5.0,
+    seconds: float = 10.0,
+    out_path: Path | None = Path("bench/results/anchors/smoke.json"),
+    client: bool = True,
+) -> dict[str, Any]:
+    """`sims` simulators; our router, then each installed anchor in turn, each sent the same
+    system-prompts sequence by our load generator (~rate x seconds requests); then
+    inference-perf once through our router. Prints one line per router."""
+    from .loadgen import run_load
+    from .run import KV_CAPACITY, MODEL, start_sims
+    from .workloads import build
+
+    kv = KV_CAPACITY["system-prompts"]
+    log_dir = Path("bench/.logs") / f"anchors-smoke-{int(time.time())}"
+    rows: list[dict[str, Any]] = []
+    blocked: list[dict[str, str]] = []
+    third: dict[str, Any] = {}
+    count = int(rate * seconds * 1.2) + 20
+
+    def load(url: str) -> Any:
+        return lambda: run_load(
+            build("system-prompts", count), [url], MODEL, rate, seconds, progress=False
+        )
+
+    async with Fleet(log_dir) as fleet:
+        urls = await start_sims(fleet, sims, kv, "llama-3.1-70b-h100", 1.0)
+        ours = await fleet.start_router("prefix", urls, policy="prefix", kv_capacity=kv)
+        log, stats, eng = await _measure(urls, load(ours.url))
+        rows.append(summarize("prefix (ours)", "this tree", log, stats, eng))
+        _print_row(rows[-1])
+        if client:
+            if stamp(PACKAGES["inference-perf"]) is None:
+                blocked.append({"name": "inference-perf", "error": "not installed"})
+            else:
+                from .thirdparty import SharedPrefixLoad, run_inference_perf
+
+                ip_load = SharedPrefixLoad(rate=rate, seconds=int(seconds))
+                try:
+                    res, stats, eng = await _measure(
+                        urls,
+                        lambda: run_inference_perf(
+                            ours.url, MODEL, ip_load, log_dir / "inference-perf"
+                        ),
+                    )
+                    prompt = sum(s["prompt_tokens"] for s in stats)
+                    res["engine_hit_rate"] = (
+                        round(sum(s["cached_tokens"] for s in stats) / prompt, 4) if prompt else 0.0
+                    )
+                    res["engine_ttft_mean_ms"] = eng
+                    res["per_replica_requests"] = [s["requests"] for s in stats]
+                    third = res
+                except RuntimeError as e:
+                    blocked.append({"name": "inference-perf", "error": str(e)[-1500:]})
+        await fleet.stop(ours)
+        for a in ANCHORS.values():
+            if not available(a):
+                blocked.append({"name": a.name, "error": f"{a.package} not installed"})
+                continue
+            try:
+                p = await start_anchor(fleet, a, urls)
+            except RuntimeError as e:
+                blocked.append({"name": a.name, "error": str(e)[-1500:]})
+                continue
+            log, stats, eng = await _measure(urls, load(p.url))
+            rows.append(summarize(a.name, f"{a.package} {version_of(a)}", log, stats, eng))
+            _print_row(rows[-1])
+            await fleet.stop(p)
+    if third:
+        ours_row = rows[0]
+        print(
+            f"third-party client inference-perf {third['version']} via prefix (ours): "
+            f"ok {third['requests_ok']} failed {third['errors']} "
+            f"hit {third['engine_hit_rate']:.3f} TTFT p50 {third['ttft_p50_ms']} ms "
+            f"p99 {third['ttft_p99_ms']} ms (engine mean {third['engine_ttft_mean_ms']} ms) | "
+            f"our loadgen via prefix: TTFT p50 {ours_row['ttft_p50_ms']} ms "
+            f"p99 {ours_row['ttft_p99_ms']} ms (engine mean {ours_row['engine_ttft_mean_ms']} ms)"
+        )
+    for b in blocked:
+        print(f"blocked: {b['name']}: {b['error'][:300]}")
+    result = {
+        "command": f"python -m bench anchors-smoke --sims {sims} --rate {rate:g} "
+        f"--seconds {seconds:g}",
+        "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "sims": sims,
+        "profile": "llama-3.1-70b-h100",
+        "kv_capacity_tokens": kv,
+        "workload": "system-prompts",
+        "rate": rate,
+        "seconds": seconds,
+        "rows": rows,
+        "third_party": third,
+        "blocked": blocked,
+        "settings": {a.name: [a.policy, *a.settings] for a in ANCHORS.values()},
+    }
+    if out_path is not None:
+        _write_json(out_path, result)
+    return result
+
+
+def _write_json(path: Path, obj: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2) + "\n")
+
+
+def _print_row(r: dict[str, Any]) -> None:
+    print(
+        f"{r['router']:<22} {r['version']:<20} ok {r['requests_ok']:>3} failed {r['errors']:>2} "
+        f"hit {r['engine_hit_rate']:.3f} TTFT p50 {r['ttft_p50_ms']} ms "
+        f"p99 {r['ttft_p99_ms']} ms per-replica {r['per_replica_requests']}",
+        flush=True,
+    )
 
 
 def _main(argv: list[str] | None = None) -> None:

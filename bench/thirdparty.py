@@ -1,0 +1,222 @@
+"""A load generator nobody on this project wrote, run against a router URL, read into our fields.
+
+`inference-perf` (kubernetes-sigs, PyPI `inference-perf`, pinned in bench/anchors.py) with its
+`shared_prefix` data type. It needs a Hugging Face tokenizer to make prompts of exact lengths
+and to count output tokens; `build_tokenizer` makes one locally that tokenizes exactly as the
+simulator does (one token per 4 bytes: a WordLevel model over 4-character chunks, unknown
+chunks counting as one `<unk>`), so the client's token counts equal the engine's and no hub is
+ever asked (HF_HUB_OFFLINE=1, TRANSFORMERS_OFFLINE=1).
+
+Its result file `summary_lifecycle_metrics.json` is parsed by `parse_inference_perf`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .anchors import CACHE, PACKAGES, stamp, venv_dir, venv_python
+
+TOKENIZER_DIR = CACHE / "tokenizers" / "sim-4byte"
+
+# Run by the client venv's python (it has `tokenizers`): argv[1] is the output directory.
+# Vocabulary: every 4-character string over " abcdefgh" (6,561) plus <unk> at id 0. Text of
+# these characters decodes and re-tokenizes exactly; any other 4-byte chunk (the simulator's
+# answers, our prompts) is one <unk>, so counts still equal the simulator's.
+_BUILD = r"""
+import itertools, json, sys
+from pathlib import Path
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+out = Path(sys.argv[1])
+out.mkdir(parents=True, exist_ok=True)
+vocab = {"<unk>": 0}
+for t in itertools.product(" abcdefgh", repeat=4):
+    vocab["".join(t)] = len(vocab)
+tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]{1,4}"), behavior="isolated")
+tok.decoder = decoders.Fuse()
+tok.add_special_tokens(["<unk>"])
+tok.save(str(out / "tokenizer.json"))
+(out / "tokenizer_config.json").write_text(json.dumps({
+    "tokenizer_class": "PreTrainedTokenizerFast",
+    "unk_token": "<unk>",
+    "model_max_length": 131072,
+    "clean_up_tokenization_spaces": False,
+}))
+assert len(tok.encode("abcd efgh" + "zzzz" + "x").ids) == 4
+"""
+
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "DO_NOT_TRACK": "1",
+}
+
+
+def build_tokenizer(client: str = "inference-perf", out: Path = TOKENIZER_DIR) -> Path:
+    """The local tokenizer directory, built once with the client venv's `tokenizers`."""
+    import subprocess
+
+    if (out / "tokenizer.json").exists() and (out / "tokenizer_config.json").exists():
+        return out
+    py = venv_python(PACKAGES[client])
+    subprocess.run([str(py), "-c", _BUILD, str(out)], check=True, env={**os.environ, **OFFLINE_ENV})
+    return out
+
+
+@dataclass(frozen=True)
+class SharedPrefixLoad:
+    """inference-perf's shared_prefix data, shaped like our `system-prompts` workload: ~2,000-
+    token system prompts, questions of 50-300 tokens, answers of 64-256 tokens (uniform)."""
+
+    rate: float = 5.0
+    seconds: int = 10
+    groups: int = 8
+    prompts_per_group: int = 16
+    system_prompt_len: int = 2000
+    question_len: tuple[int, int] = (50, 300)
+    output_len: tuple[int, int] = (64, 256)
+    seed: int = 7
+    num_workers: int = 1  # processes of the client; 1 keeps a 2-core machine usable
+
+
+def _uniform(lo: int, hi: int) -> dict[str, Any]:
+    return {"type": "uniform", "min": lo, "max": hi, "mean": (lo + hi) / 2, "std_dev": 0}
+
+
+def inference_perf_config(
+    base_url: str, model: str, load: SharedPrefixLoad, tokenizer_dir: Path, out_dir: Path
+) -> dict[str, Any]:
+    """The YAML config (as a dict) of one inference-perf run: streaming completions, Poisson
+    arrivals at `load.rate` for `load.seconds`."""
+    return {
+        "api": {"type": "completion", "streaming": True},
+        "data": {
+            "type": "shared_prefix",
+            "shared_prefix": {
+                "num_groups": load.groups,
+                "num_prompts_per_group": load.prompts_per_group,
+                "system_prompt_len": load.system_prompt_len,
+                "question_len": _uniform(*load.question_len),
+                "output_len": _uniform(*load.output_len),
+                "seed": load.seed,
+            },
+        },
+        "load": {
+            "type": "poisson",
+            "stages": [{"rate": load.rate, "duration": load.seconds}],
+            "num_workers": load.num_workers,
+            "base_seed": load.seed,
+        },
+        "server": {"type": "vllm", "model_name": model, "base_url": base_url, "ignore_eos": True},
+        "tokenizer": {"pretrained_model_name_or_path": str(tokenizer_dir)},
+        "storage": {"local_storage": {"path": str(out_dir)}},
+        "report": {"request_lifecycle": {"summary": True, "per_stage": False, "per_request": True}},
+    }
+
+
+def _ms(x: Any) -> float | None:
+    return None if x is None else round(float(x) * 1000.0, 2)
+
+
+def parse_inference_perf(summary: dict[str, Any]) -> dict[str, Any]:
+    """Our fields from inference-perf's summary_lifecycle_metrics.json (seconds -> ms)."""
+    ok = summary.get("successes") or {}
+    failed = summary.get("failures") or {}
+    lat = ok.get("latency") or {}
+    ttft = lat.get("time_to_first_token") or {}
+    e2e = lat.get("request_latency") or {}
+    thr = ok.get("throughput") or {}
+    prompt = ok.get("prompt_tokens") or {}
+    total = prompt.get("total") or 0.0
+    return {
+        "client": "inference-perf",
+        "requests_ok": int(ok.get("count") or 0),
+        "errors": int(failed.get("count") or 0),
+        "ttft_p50_ms": _ms(ttft.get("median")),
+        "ttft_p90_ms": _ms(ttft.get("p90")),
+        "ttft_p99_ms": _ms(ttft.get("p99")),
+        "e2e_p50_ms": _ms(e2e.get("median")),
+        "e2e_p99_ms": _ms(e2e.get("p99")),
+        "output_tokens_per_s": round(float(thr.get("output_tokens_per_sec") or 0.0), 1),
+        "throughput_rps": round(float(thr.get("requests_per_sec") or 0.0), 3),
+        # usage.prompt_tokens_details.cached_tokens as the engine reported it, summed by the client
+        "client_reported_hit_rate": round(prompt["cached"] / total, 4) if total else None,
+        "token_count_mismatches": ok.get("token_count_mismatches"),
+        "wall_s": summary.get("benchmark_time_seconds"),
+    }
+
+
+def _prepare(
+    base_url: str, model: str, load: SharedPrefixLoad, out_dir: Path
+) -> tuple[Path, Path, Path, Path]:
+    out_dir = out_dir.absolute()  # the client runs in out_dir: every path in its config absolute
+    tok = build_tokenizer("inference-perf")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    reports = out_dir / "reports"
+    cfg_path = out_dir / "config.yml"
+    cfg_path.write_text(yaml.safe_dump(inference_perf_config(base_url, model, load, tok, reports)))
+    return out_dir, cfg_path, reports, out_dir / "inference-perf.log"
+
+
+def _read_result(rc: int, reports: Path, log_path: Path) -> dict[str, Any]:
+    summary_path = reports / "summary_lifecycle_metrics.json"
+    if rc != 0 or not summary_path.exists():
+        tail = log_path.read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"inference-perf exited {rc}; {log_path}:\n{tail}")
+    return parse_inference_perf(json.loads(summary_path.read_text()))
+
+
+async def run_inference_perf(
+    base_url: str,
+    model: str,
+    load: SharedPrefixLoad,
+    out_dir: Path,
+    *,
+    timeout: float = 600.0,
+) -> dict[str, Any]:
+    """One inference-perf run against `base_url`; its parsed summary (raises on failure)."""
+    pkg = PACKAGES["inference-perf"]
+    if stamp(pkg) is None:
+        raise RuntimeError(
+            "inference-perf is not installed; run `python -m bench.anchors inference-perf` "
+            f"(builds {venv_dir(pkg)})"
+        )
+    out_dir, cfg_path, reports, log_path = _prepare(base_url, model, load, out_dir)
+    exe = venv_dir(pkg) / "bin" / "inference-perf"
+    t0 = time.monotonic()
+    with open(log_path, "wb") as log:  # noqa: ASYNC230 (a log file handed to the child)
+        proc = await asyncio.create_subprocess_exec(
+            str(exe),
+            "--config_file",
+            str(cfg_path),
+            stdout=log,
+            stderr=asyncio.subprocess.STDOUT,
+            cwd=str(out_dir),
+            env={**os.environ, **OFFLINE_ENV, "HF_HOME": str(out_dir / "hf-home")},
+            start_new_session=True,
+        )
+        try:
+            rc = await asyncio.wait_for(proc.wait(), timeout)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise RuntimeError(
+                f"inference-perf did not finish in {timeout}s; see {log_path}"
+            ) from None
+    result = _read_result(rc, reports, log_path)
+    result["version"] = pkg.version
+    result["rate"] = load.rate
+    result["seconds"] = load.seconds
+    result["process_s"] = round(time.monotonic() - t0, 1)
+    result["report_dir"] = str(reports)
+    return result
