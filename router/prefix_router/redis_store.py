@@ -54,6 +54,21 @@ from .store import LocalStore
 
 log = logging.getLogger("prefix_router.redis_store")
 
+# ARGV[1] key prefix, ARGV[2] own router id, ARGV[3] oldest live heartbeat: the sum of every
+# other live router's load hash, as a flat field/value list in `load`.
+_SUM_LOAD = """
+local p, me = ARGV[1], ARGV[2]
+local sum = {}
+for _, r in ipairs(redis.call('ZRANGEBYSCORE', p .. 'routers', ARGV[3], '+inf')) do
+  if r ~= me then
+    local h = redis.call('HGETALL', p .. 'load:' .. r)
+    for j = 1, #h, 2 do sum[h[j]] = (sum[h[j]] or 0) + tonumber(h[j + 1]) end
+  end
+end
+local load = {}
+for f, n in pairs(sum) do load[#load + 1] = f; load[#load + 1] = n end
+"""
+
 _LOOKUP = """
 local alive = nil
 local depth = {}
@@ -71,18 +86,13 @@ end
 local out = {}
 for b, d in pairs(depth) do out[#out + 1] = b; out[#out + 1] = d end
 -- The other routers' load rides along, so every decision sees the load ALL routers put on
--- each backend as of their last flush (milliseconds old), at no extra round trip.
-local p, me = ARGV[1], ARGV[2]
-local sum = {}
-for _, r in ipairs(redis.call('ZRANGEBYSCORE', p .. 'routers', ARGV[3], '+inf')) do
-  if r ~= me then
-    local h = redis.call('HGETALL', p .. 'load:' .. r)
-    for j = 1, #h, 2 do sum[h[j]] = (sum[h[j]] or 0) + tonumber(h[j + 1]) end
-  end
-end
-local load = {}
-for f, n in pairs(sum) do load[#load + 1] = f; load[#load + 1] = n end
+-- each backend as of their last write (milliseconds old), at no extra round trip.
+""" + _SUM_LOAD + """
 return {out, load}
+"""
+
+_LOADS = _SUM_LOAD + """
+return load
 """
 
 _RECORD = """
@@ -126,7 +136,9 @@ WS_BUCKET_S = 10
 WS_WINDOW_S = 60
 LOAD_EXPIRY_S = 3
 MAX_LATE_LOOKUPS = 16
-LOAD_PERIOD_S = 0.2
+# Lookups bring the others' load per request; this heartbeat only renews the lease and keeps
+# the picture current when requests are rare.
+LOAD_PERIOD_S = 0.5
 FIGURES_PERIOD_S = 1.0
 
 
@@ -142,18 +154,6 @@ async def _last(replies: Awaitable[list[Any]]) -> Any:
 class _Staged:
     batch: list[tuple[str, list[int], str]]
     drops: list[str]
-
-
-def _summed(flat: Sequence[str | float]) -> list[str | float]:
-    """Field/value pairs with repeated fields added up (several routers' load hashes)."""
-    tot: dict[str, float] = {}
-    for i in range(0, len(flat), 2):
-        f = str(flat[i])
-        tot[f] = tot.get(f, 0.0) + float(flat[i + 1])
-    out: list[str | float] = []
-    for f, n in tot.items():
-        out += [f, n]
-    return out
 
 
 class RedisStore:
@@ -187,6 +187,7 @@ class RedisStore:
         self._near: dict[tuple[str, int, int], tuple[float, dict[str, int]]] = {}
         self._queue: list[tuple[str, list[int], str]] = []
         self._queued_at = 0.0  # when the oldest queued write came
+        self._urgent = False  # a queued write other routers should see at once
         self._write_delay = st.write_delay_ms / 1000.0
         self._drops: list[str] = []
         self._ws: list[int] = []
@@ -201,6 +202,7 @@ class RedisStore:
         self._late = 0  # lookups past their budget whose reply has not come yet
         self.load_source = None  # set by the app: a LoadTracker
         self._window: deque[tuple[float, float, float]] = deque()
+        self._ws_blocks = 0  # distinct blocks in the working-set window, as last counted
         self._published: dict[str, tuple[int, int]] | None = None  # load as last published
 
     def _new_recent(self) -> LocalStore:
@@ -236,7 +238,8 @@ class RedisStore:
         await self._redis.aclose()
 
     async def _load_scripts(self) -> None:
-        for name, body in (("lookup", _LOOKUP), ("record", _RECORD), ("drop", _DROP)):
+        scripts = (("lookup", _LOOKUP), ("loads", _LOADS), ("record", _RECORD), ("drop", _DROP))
+        for name, body in scripts:
             self._sha[name] = await self._redis.script_load(body)
 
     # -- health -----------------------------------------------------------------------------
@@ -395,9 +398,13 @@ class RedisStore:
         self._published = snap
         return True
 
-    def record(self, model: str, hashes: Sequence[int], backend: str) -> None:
+    def record(
+        self, model: str, hashes: Sequence[int], backend: str, *, urgent: bool = False
+    ) -> None:
         if not hashes:
             return
+        if urgent:
+            self._urgent = True
         self._fallback.record(model, hashes, backend)
         self._recent.record(model, hashes, backend)
         if len(self._queue) < 50_000:  # bounded: under a long outage the oldest writes wait
@@ -437,6 +444,7 @@ class RedisStore:
     def _stage(self, pipe: aioredis.client.Pipeline) -> _Staged:
         """Move the queued writes onto `pipe` (records, drops, working set, own load)."""
         batch, self._queue = self._queue[:2000], self._queue[2000:]
+        self._urgent = False
         if self._queue:
             self._queued_at = time.monotonic()
         drops, self._drops = self._drops, []
@@ -479,6 +487,7 @@ class RedisStore:
             self._queued_at = time.monotonic()
         self._queue[:0] = staged.batch
         self._drops[:0] = staged.drops
+        self._urgent = self._urgent or bool(staged.batch)
         self._published = None
 
     async def _flush(self) -> None:
@@ -501,7 +510,8 @@ class RedisStore:
             # Writes wait for the next lookup to carry them, up to the write delay; drops
             # (a backend gone) and a long queue go at once.
             waited = time.monotonic() - self._queued_at
-            if not (self._drops or len(self._queue) >= 1000 or len(self._ws) >= 20_000 or
+            if not (self._drops or self._urgent or len(self._queue) >= 1000 or
+                    len(self._ws) >= 20_000 or
                     ((self._queue or self._ws) and waited >= self._write_delay)):
                 continue
             try:
@@ -513,8 +523,7 @@ class RedisStore:
         routers = f"{self._prefix}routers"
         while not self._closed:
             await asyncio.sleep(LOAD_PERIOD_S)
-            load = self.load_source
-            if load is None or self._down:
+            if self._down:
                 continue
             now = time.time()
             try:
@@ -522,23 +531,17 @@ class RedisStore:
                 # republished even if unchanged: it refreshes the key's expiry (the lease)
                 self._publish_load(pipe, force=True)
                 pipe.zremrangebyscore(routers, "-inf", now - LOAD_EXPIRY_S)
-                pipe.zrangebyscore(routers, now - LOAD_EXPIRY_S, "+inf")
-                res = await pipe.execute()
-                self.timer_round_trips += 1
                 # Lookups bring the others' load with each request; this read keeps it
                 # current when requests are rare or all answered from the near-cache.
-                others = [r for r in res[-1] if r != self.router_id]
-                flat: list[str | float] = []
-                if others:
-                    pipe = self._redis.pipeline(transaction=False)
-                    for r in others:
-                        pipe.hgetall(f"{self._prefix}load:{r}")
-                    for h in await pipe.execute():
-                        for f, n in h.items():
-                            flat += [f, n]
-                    self.timer_round_trips += 1
-                self._take_remote_load(_summed(flat))
-            except (RedisError, OSError, ValueError) as exc:
+                pipe.evalsha(self._sha["loads"], 0, self._prefix, self.router_id,
+                             now - LOAD_EXPIRY_S)
+                # the working set for the figures, counted here to save them a round trip
+                pipe.pfcount(*self.working_set_keys(now))
+                res = await pipe.execute()
+                self.timer_round_trips += 1
+                self._take_remote_load(res[-2])
+                self._ws_blocks = res[-1]
+            except (RedisError, OSError, ValueError, KeyError) as exc:
                 self._published = None
                 self._fail(exc)
 
@@ -561,20 +564,19 @@ class RedisStore:
             load = self.load_source
             inflight = sum(load.own_counts().values()) if load is not None else 0
             try:
-                blocks = await self._redis.pfcount(*self.working_set_keys(now))
                 pipe = self._redis.pipeline(transaction=False)
                 pipe.hset(
                     key,
                     mapping={
                         "prompt_tokens": prompt,
                         "cached_tokens": cached,
-                        "working_set_tokens": blocks * self._s.block_size,
+                        "working_set_tokens": self._ws_blocks * self._s.block_size,
                         "in_flight": inflight,
                         "updated_at": now,
                     },
                 )
                 pipe.expire(key, 2 * WS_WINDOW_S)
                 await pipe.execute()
-                self.timer_round_trips += 2
+                self.timer_round_trips += 1
             except (RedisError, OSError) as exc:
                 self._fail(exc)

@@ -166,7 +166,10 @@ class Router:
         self.load.start(backend, prefill)
         self.metrics.set_inflight(backend, self.load.own_inflight(backend))
         if self._uses_table and plan.hashes:
-            self.store.record(plan.parsed.model, plan.hashes, backend)
+            # A backend newly owning this prefix is news the other routers need before their
+            # next request with it; a hit only refreshes what they already know.
+            new_owner = backend != plan.decision.backend or plan.decision.reason != "hit"
+            self.store.record(plan.parsed.model, plan.hashes, backend, urgent=new_owner)
         return prefill
 
     def first_byte(self, backend: str, prefill: float) -> None:

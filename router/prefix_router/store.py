@@ -15,7 +15,11 @@ from .table import OwnershipTable
 
 class TableStore(Protocol):
     async def lookup(self, model: str, hashes: Sequence[int]) -> dict[str, int]: ...
-    def record(self, model: str, hashes: Sequence[int], backend: str) -> None: ...
+    # urgent: news other routers should see at once (a backend newly owning a prefix);
+    # a shared store may hold other writes back to batch them
+    def record(
+        self, model: str, hashes: Sequence[int], backend: str, *, urgent: bool = False
+    ) -> None: ...
     def drop_backend(self, backend: str) -> None: ...
     def occupancy(self, model: str, backend: str) -> float: ...
     def observe(self, prompt_tokens: float, predicted_cached: float) -> None: ...
@@ -54,7 +58,9 @@ class LocalStore:
             return {}
         return t.match(hashes, self._clock())
 
-    def record(self, model: str, hashes: Sequence[int], backend: str) -> None:
+    def record(
+        self, model: str, hashes: Sequence[int], backend: str, *, urgent: bool = False
+    ) -> None:
         if hashes:
             self.table(model).record(hashes, backend, self._clock())
 
