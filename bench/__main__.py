@@ -45,6 +45,10 @@ def main(argv: list[str] | None = None) -> None:
     f.add_argument("--rate", type=float, default=24.0)
     f.add_argument("--seconds", type=float, default=120.0)
     sub.add_parser("redis-memory", help="Redis memory per million ownership entries")
+    ss = sub.add_parser("shared-store", help="1 router vs 3 on Redis vs 3 local (issue 4)")
+    ss.add_argument("--workloads", nargs="+", default=["system-prompts", "customers"])
+    ss.add_argument("--rate", type=float, default=24.0)
+    ss.add_argument("--seconds", type=float, default=60.0)
     sub.add_parser("report", help="rebuild bench/results/README.md from the JSON files")
     a = sub.add_parser("anchors-smoke", help="each installed anchor router and inference-perf")
     a.add_argument("--sims", type=int, default=3)
@@ -93,6 +97,10 @@ def main(argv: list[str] | None = None) -> None:
 
         r = fault_main(args.rate, args.seconds)
         print(f"failed requests {r['failed_requests']}, recovery {r['recovery_s']} s")
+    elif args.cmd == "shared-store":
+        from .shared_store import main as shared_main
+
+        print(shared_main(args.workloads, args.rate, args.seconds))
     elif args.cmd == "redis-memory":
         from .redis_memory import main as memory_main
 
