@@ -11,7 +11,7 @@ import asyncio
 import json
 import logging
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import aiohttp
 from aiohttp import web
@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .backends import BackendSet
 from .config import RouterSettings
-from .discovery import Discovery, StaticDiscovery
+from .discovery import Discovery, FileDiscovery, StaticDiscovery
 from .errors import RequestError, error_body, error_response
 from .health import HealthLoop
 from .load import LoadTracker
@@ -51,6 +51,9 @@ def make_discovery(s: RouterSettings) -> Discovery:
         from .kube_discovery import KubernetesDiscovery
 
         return KubernetesDiscovery(s.discovery)
+    if s.discovery.mode == "file":
+        assert s.discovery.file
+        return FileDiscovery(s.discovery.file)
     return StaticDiscovery(s.discovery.backends)
 
 
@@ -171,6 +174,7 @@ def build_app(
         the_store.load_source = router.load  # type: ignore[attr-defined]
     backends.on_gone(the_store.drop_backend)
     backends.on_gone(router.load.forget)
+    backends.on_gone(router.left)
     the_discovery = discovery or make_discovery(settings)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -193,7 +197,11 @@ def build_app(
         health = HealthLoop(
             settings.health, backends, router.load, the_store, router.metrics, session
         )
-        await the_discovery.start(lambda urls: backends.set_members(urls))
+        def on_change(urls: Sequence[str]) -> None:
+            added, _removed = backends.set_members(urls)
+            router.joined(added)
+
+        await the_discovery.start(on_change)
         await health.probe_once()
         health.start()
         try:

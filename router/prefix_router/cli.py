@@ -38,7 +38,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--load-bound", type=float, help="bounded-load epsilon")
     p.add_argument("--kv-capacity-tokens", type=int, help="per-backend KV capacity in tokens")
     p.add_argument("--ttl-seconds", type=float)
-    p.add_argument("--discovery", choices=("static", "kubernetes"), help="where backends come from")
+    p.add_argument(
+        "--discovery", choices=("static", "file", "kubernetes"), help="where backends come from"
+    )
+    p.add_argument("--backends-file", help="file discovery: base URLs, one per line, re-read")
     p.add_argument("--service", help="kubernetes discovery: the model-server Service")
     p.add_argument("--namespace", help="kubernetes discovery: its namespace")
     p.add_argument("--backend-port", type=int, help="kubernetes discovery: the engine port")
@@ -75,6 +78,7 @@ def main(argv: list[str] | None = None) -> None:
         "log_decisions": args.log_decisions,
         "discovery.backends": backends,
         "discovery.mode": args.discovery,
+        "discovery.file": args.backends_file,
         "discovery.service": args.service,
         "discovery.namespace": args.namespace,
         "discovery.port": args.backend_port,

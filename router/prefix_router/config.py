@@ -21,9 +21,11 @@ class _Strict(BaseModel):
 
 
 class DiscoverySettings(_Strict):
-    mode: Literal["static", "kubernetes"] = "static"
+    mode: Literal["static", "file", "kubernetes"] = "static"
     # static mode: backend base URLs such as http://127.0.0.1:8001
     backends: list[str] = Field(default_factory=list)
+    # file mode: a file of base URLs, one per line, re-read when it changes
+    file: str | None = None
     # kubernetes mode: EndpointSlices of this Service (ready endpoints only)
     namespace: str | None = None
     service: str | None = None
@@ -49,6 +51,8 @@ class DiscoverySettings(_Strict):
     def _kube_needs_service(self) -> DiscoverySettings:
         if self.mode == "kubernetes" and not self.service:
             raise ValueError("discovery.mode=kubernetes needs discovery.service")
+        if self.mode == "file" and not self.file:
+            raise ValueError("discovery.mode=file needs discovery.file")
         return self
 
 
@@ -101,6 +105,9 @@ class RouterSettings(_Strict):
     # 0.5 measured better than 1.0 on system-prompts (hit 0.80 vs 0.79, same TTFT): a pending
     # prefill delays this request once, a miss also costs a new copy of the prefix.
     pending_weight: float = Field(default=0.5, ge=0)
+    # Scale-out: a replica that joins gets one request of each of the hottest prefixes at once
+    # (until they carry its fair share), instead of waiting for misses (router/warm.py).
+    warm_start: bool = True
     # Hot-prefix replication: at most this many owners recorded per block (0 = no limit).
     max_owners: int = Field(default=0, ge=0)
     ttl_seconds: float = Field(default=600.0, gt=0)

@@ -31,7 +31,7 @@ class Candidate:
 @dataclass(slots=True)
 class Decision:
     backend: str
-    reason: str  # hit | miss | replicated | overflow | balanced
+    reason: str  # hit | miss | replicated | overflow | balanced | warm (a hand-over, warm.py)
     matched_blocks: int
     order: list[str] = field(default_factory=list)  # fallbacks for retries, best first
 

@@ -28,9 +28,11 @@ from .policy import (
     choose_least_loaded,
     choose_prefix,
     choose_random,
+    load_limit,
 )
 from .prefix import block_hashes, chain_seed, extend_hashes
 from .store import TableStore
+from .warm import HandOver, HotPrefixes, plan_hand_over
 
 log = logging.getLogger("prefix_router.decisions")
 
@@ -69,6 +71,22 @@ class Router:
         self._ring = HashRing()
         self._block_bytes = settings.block_bytes
         self._uses_table = settings.policy == "prefix"
+        self.hot = HotPrefixes()
+        self.hand_over = HandOver()
+        self._warm = settings.warm_start and self._uses_table
+
+    def joined(self, urls: list[str]) -> None:
+        """Replicas that just joined get the hottest prefixes' first requests (warm start)."""
+        if not self._warm or not urls:
+            return
+        now = time.monotonic()
+        plan = plan_hand_over(self.hot.top(now), urls, len(self.backends.healthy()))
+        self.hand_over.add(plan, now)
+        if plan:
+            log.info("warm start: %d hot prefixes handed to %s", len(plan), ",".join(urls))
+
+    def left(self, url: str) -> None:
+        self.hand_over.forget(url)
 
     def check_model(self, model: str) -> None:
         s = self.settings
@@ -124,6 +142,11 @@ class Router:
                 key=key,
                 pending_weight=s.pending_weight,
             )
+            if self._warm and hashes:
+                now = time.monotonic()
+                if decision.matched_blocks:
+                    self.hot.observe(hashes[decision.matched_blocks - 1], now)
+                decision = self._warm_start(decision, cands, hashes, now)
         else:
             cands = [
                 Candidate(b.url, load.inflight(b.url), load.pending_prefill(b.url)) for b in healthy
@@ -154,6 +177,19 @@ class Router:
                 ),
             )
         return Plan(parsed, seed, hashes, prompt_tokens, decision, started)
+
+    def _warm_start(
+        self, decision: Decision, cands: list[Candidate], hashes: list[int], now: float
+    ) -> Decision:
+        target = self.hand_over.take(hashes, now)
+        if target is None or target == decision.backend:
+            return decision
+        by_name = {c.name: c for c in cands}
+        c = by_name.get(target)
+        if c is None or c.inflight + 1 > load_limit(cands, self.settings.load_bound):
+            return decision
+        order = [decision.backend] + [n for n in decision.order if n != target]
+        return Decision(target, "warm", c.matched_blocks, order)
 
     def predicted_tokens(self, plan: Plan, backend: str) -> float:
         if backend != plan.decision.backend:
