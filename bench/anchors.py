@@ -361,6 +361,45 @@ async def _measure(fleet_sims: list[str], run: Any) -> tuple[Any, list[dict], fl
     return out, stats, mean
 
 
+async def _clients(
+    urls: list[str],
+    router: str,
+    rate: float,
+    seconds: float,
+    log_dir: Path,
+    blocked: list[dict[str, str]],
+) -> dict[str, dict[str, Any]]:
+    """Each installed third-party client once through `router`, sims reset before each."""
+    from .run import MODEL
+    from .thirdparty import PrefixPromptLoad, SharedPrefixLoad, run_aiperf, run_inference_perf
+
+    runs = {
+        "inference-perf": lambda: run_inference_perf(
+            router, MODEL, SharedPrefixLoad(rate=rate, seconds=int(seconds)), log_dir / "ip"
+        ),
+        "aiperf": lambda: run_aiperf(
+            router, MODEL, PrefixPromptLoad(rate=rate, seconds=int(seconds)), log_dir / "aiperf"
+        ),
+    }
+    out: dict[str, dict[str, Any]] = {}
+    for name, go in runs.items():
+        if stamp(PACKAGES[name]) is None:
+            blocked.append({"name": name, "error": "not installed"})
+            continue
+        try:
+            res, stats, eng = await _measure(urls, go)
+        except RuntimeError as e:
+            blocked.append({"name": name, "error": str(e)[-1500:]})
+            continue
+        prompt = sum(s["prompt_tokens"] for s in stats)
+        cached = sum(s["cached_tokens"] for s in stats)
+        res["engine_hit_rate"] = round(cached / prompt, 4) if prompt else 0.0
+        res["engine_ttft_mean_ms"] = eng
+        res["per_replica_requests"] = [s["requests"] for s in stats]
+        out[name] = res
+    return out
+
+
 async def smoke(
     sims: int = 3,
     rate: float = 5.0,
@@ -369,8 +408,9 @@ async def smoke(
     client: bool = True,
 ) -> dict[str, Any]:
     """`sims` simulators; our router, then each installed anchor in turn, each sent the same
-    system-prompts sequence by our load generator (~rate x seconds requests); then
-    inference-perf once through our router. Prints one line per router."""
+    system-prompts sequence by our load generator (~rate x seconds requests); then each
+    installed third-party client (inference-perf, aiperf) once through our router. Prints one
+    line per router and per client; writes `out_path`."""
     from .loadgen import run_load
     from .run import KV_CAPACITY, MODEL, start_sims
     from .workloads import build
@@ -379,7 +419,7 @@ async def smoke(
     log_dir = Path("bench/.logs") / f"anchors-smoke-{int(time.time())}"
     rows: list[dict[str, Any]] = []
     blocked: list[dict[str, str]] = []
-    third: dict[str, Any] = {}
+    third: dict[str, dict[str, Any]] = {}
     count = int(rate * seconds * 1.2) + 20
 
     def load(url: str) -> Any:
@@ -394,28 +434,7 @@ async def smoke(
         rows.append(summarize("prefix (ours)", "this tree", log, stats, eng))
         _print_row(rows[-1])
         if client:
-            if stamp(PACKAGES["inference-perf"]) is None:
-                blocked.append({"name": "inference-perf", "error": "not installed"})
-            else:
-                from .thirdparty import SharedPrefixLoad, run_inference_perf
-
-                ip_load = SharedPrefixLoad(rate=rate, seconds=int(seconds))
-                try:
-                    res, stats, eng = await _measure(
-                        urls,
-                        lambda: run_inference_perf(
-                            ours.url, MODEL, ip_load, log_dir / "inference-perf"
-                        ),
-                    )
-                    prompt = sum(s["prompt_tokens"] for s in stats)
-                    res["engine_hit_rate"] = (
-                        round(sum(s["cached_tokens"] for s in stats) / prompt, 4) if prompt else 0.0
-                    )
-                    res["engine_ttft_mean_ms"] = eng
-                    res["per_replica_requests"] = [s["requests"] for s in stats]
-                    third = res
-                except RuntimeError as e:
-                    blocked.append({"name": "inference-perf", "error": str(e)[-1500:]})
+            third = await _clients(urls, ours.url, rate, seconds, log_dir, blocked)
         await fleet.stop(ours)
         for a in ANCHORS.values():
             if not available(a):
@@ -430,13 +449,13 @@ async def smoke(
             rows.append(summarize(a.name, f"{a.package} {version_of(a)}", log, stats, eng))
             _print_row(rows[-1])
             await fleet.stop(p)
-    if third:
+    for name, res in third.items():
         ours_row = rows[0]
         print(
-            f"third-party client inference-perf {third['version']} via prefix (ours): "
-            f"ok {third['requests_ok']} failed {third['errors']} "
-            f"hit {third['engine_hit_rate']:.3f} TTFT p50 {third['ttft_p50_ms']} ms "
-            f"p99 {third['ttft_p99_ms']} ms (engine mean {third['engine_ttft_mean_ms']} ms) | "
+            f"third-party client {name} {res['version']} via prefix (ours): "
+            f"ok {res['requests_ok']} failed {res['errors']} "
+            f"hit {res['engine_hit_rate']:.3f} TTFT p50 {res['ttft_p50_ms']} ms "
+            f"p99 {res['ttft_p99_ms']} ms (engine mean {res['engine_ttft_mean_ms']} ms) | "
             f"our loadgen via prefix: TTFT p50 {ours_row['ttft_p50_ms']} ms "
             f"p99 {ours_row['ttft_p99_ms']} ms (engine mean {ours_row['engine_ttft_mean_ms']} ms)"
         )

@@ -1,4 +1,4 @@
-"""A load generator nobody on this project wrote, run against a router URL, read into our fields.
+"""Load generators nobody on this project wrote, run against a router URL, read into our fields.
 
 `inference-perf` (kubernetes-sigs, PyPI `inference-perf`, pinned in bench/anchors.py) with its
 `shared_prefix` data type. It needs a Hugging Face tokenizer to make prompts of exact lengths
@@ -7,7 +7,8 @@ simulator does (one token per 4 bytes: a WordLevel model over 4-character chunks
 chunks counting as one `<unk>`), so the client's token counts equal the engine's and no hub is
 ever asked (HF_HUB_OFFLINE=1, TRANSFORMERS_OFFLINE=1).
 
-Its result file `summary_lifecycle_metrics.json` is parsed by `parse_inference_perf`.
+Its result file `summary_lifecycle_metrics.json` is parsed by `parse_inference_perf`. The
+second client, `aiperf` (NVIDIA), uses the same tokenizer; see the notes above `AIPERF_ENV`.
 """
 
 from __future__ import annotations
@@ -156,6 +157,28 @@ def parse_inference_perf(summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+async def _run_client(
+    args: list[str], env: dict[str, str], cwd: Path, log_path: Path, timeout: float
+) -> int:
+    """Run a client process to completion (killed after `timeout`); its exit code."""
+    with open(log_path, "wb") as log:  # noqa: ASYNC230 (a log file handed to the child)
+        proc = await asyncio.create_subprocess_exec(
+            *args,
+            stdout=log,
+            stderr=asyncio.subprocess.STDOUT,
+            stdin=asyncio.subprocess.DEVNULL,
+            cwd=str(cwd),
+            env={**os.environ, **env},
+            start_new_session=True,
+        )
+        try:
+            return await asyncio.wait_for(proc.wait(), timeout)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise RuntimeError(f"{args[0]} did not finish in {timeout}s; see {log_path}") from None
+
+
 def _prepare(
     base_url: str, model: str, load: SharedPrefixLoad, out_dir: Path
 ) -> tuple[Path, Path, Path, Path]:
@@ -194,29 +217,184 @@ async def run_inference_perf(
     out_dir, cfg_path, reports, log_path = _prepare(base_url, model, load, out_dir)
     exe = venv_dir(pkg) / "bin" / "inference-perf"
     t0 = time.monotonic()
-    with open(log_path, "wb") as log:  # noqa: ASYNC230 (a log file handed to the child)
-        proc = await asyncio.create_subprocess_exec(
-            str(exe),
-            "--config_file",
-            str(cfg_path),
-            stdout=log,
-            stderr=asyncio.subprocess.STDOUT,
-            cwd=str(out_dir),
-            env={**os.environ, **OFFLINE_ENV, "HF_HOME": str(out_dir / "hf-home")},
-            start_new_session=True,
-        )
-        try:
-            rc = await asyncio.wait_for(proc.wait(), timeout)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-            raise RuntimeError(
-                f"inference-perf did not finish in {timeout}s; see {log_path}"
-            ) from None
+    rc = await _run_client(
+        [str(exe), "--config_file", str(cfg_path)],
+        {**OFFLINE_ENV, "HF_HOME": str(out_dir / "hf-home")},
+        out_dir,
+        log_path,
+        timeout,
+    )
     result = _read_result(rc, reports, log_path)
     result["version"] = pkg.version
     result["rate"] = load.rate
     result["seconds"] = load.seconds
     result["process_s"] = round(time.monotonic() - t0, 1)
     result["report_dir"] = str(reports)
+    return result
+
+
+# ----------------------------------------------------------------------------------------------
+# aiperf (NVIDIA, PyPI `aiperf`): --num-prefix-prompts prefixes of --prefix-prompt-length tokens,
+# one picked at random per request, prepended to a random prompt of --isl tokens.
+#
+# Two things it needs here (bench/results/anchors/NOTES.md):
+# - `--prompt-corpus random`: its default corpus (Shakespeare) is tokenized with our tokenizer
+#   into mostly <unk>, which it then decodes *with* special tokens, sending the literal text
+#   "<unk>" (5 bytes for 1 counted token: 685 engine tokens for 550 requested). Random ids
+#   from the vocabulary decode to text that re-tokenizes exactly.
+# - no HF_HUB_OFFLINE: in offline mode aiperf 0.13.0 resolves every tokenizer name through
+#   huggingface_hub.snapshot_download(local_files_only=True), which rejects a local directory
+#   ("HFValidationError: Repo id must be in the form 'repo_name' or 'namespace/repo_name'").
+#   Online, a local path is loaded from disk; HF_ENDPOINT points at a closed local port so
+#   that any hub request would fail at once instead of leaving the machine.
+
+AIPERF_ENV = {
+    "HF_ENDPOINT": "http://127.0.0.1:9",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "DO_NOT_TRACK": "1",
+}
+
+
+@dataclass(frozen=True)
+class PrefixPromptLoad:
+    """aiperf's prefix prompts, shaped like `system-prompts` (and like SharedPrefixLoad)."""
+
+    rate: float = 5.0
+    seconds: int = 10
+    prefixes: int = 8
+    prefix_len: int = 2000
+    isl: tuple[int, int] = (175, 72)  # mean, stddev of the user prompt (tokens)
+    osl: tuple[int, int] = (160, 55)  # mean, stddev of the answer (tokens)
+    seed: int = 7
+    workers: int = 1
+
+
+def aiperf_command(
+    exe: str | Path,
+    base_url: str,
+    model: str,
+    load: PrefixPromptLoad,
+    tokenizer_dir: Path,
+    out_dir: Path,
+) -> list[str]:
+    """The `aiperf profile` command line of one run: streaming completions, rate x seconds
+    requests at Poisson arrivals of `load.rate`."""
+    return [
+        str(exe),
+        "profile",
+        "--model",
+        model,
+        "--url",
+        base_url,
+        "--endpoint-type",
+        "completions",
+        "--streaming",
+        "--tokenizer",
+        str(tokenizer_dir),
+        "--prompt-corpus",
+        "random",
+        "--num-prefix-prompts",
+        str(load.prefixes),
+        "--prefix-prompt-length",
+        str(load.prefix_len),
+        "--isl",
+        str(load.isl[0]),
+        "--isl-stddev",
+        str(load.isl[1]),
+        "--osl",
+        str(load.osl[0]),
+        "--osl-stddev",
+        str(load.osl[1]),
+        "--extra-inputs",
+        "ignore_eos:true",
+        "--request-rate",
+        f"{load.rate:g}",
+        "--arrival-pattern",
+        "poisson",
+        # a count, not --benchmark-duration: with a 5 s duration at 4 req/s it sent 12, not ~20
+        # (its workers start inside the timed window)
+        "--request-count",
+        str(max(1, int(load.rate * load.seconds))),
+        "--random-seed",
+        str(load.seed),
+        "--ui-type",
+        "none",
+        "--no-server-metrics",
+        "--no-gpu-telemetry",
+        "--workers-max",
+        str(load.workers),
+        "--artifact-dir",
+        str(out_dir),
+    ]
+
+
+def parse_aiperf(summary: dict[str, Any]) -> dict[str, Any]:
+    """Our fields from aiperf's profile_export_aiperf.json (already in ms)."""
+
+    def stat(metric: str, key: str) -> float | None:
+        v = (summary.get(metric) or {}).get(key)
+        return None if v is None else round(float(v), 2)
+
+    ok = int(stat("completed_request_count", "avg") or stat("request_count", "avg") or 0)
+    errors = sum(int(e.get("count", 1)) for e in summary.get("error_summary") or [])
+    cache_pct = stat("overall_usage_prompt_cache_read_pct", "avg")
+    return {
+        "client": "aiperf",
+        "requests_ok": ok,
+        "errors": errors,
+        "ttft_p50_ms": stat("time_to_first_token", "p50"),
+        "ttft_p90_ms": stat("time_to_first_token", "p90"),
+        "ttft_p99_ms": stat("time_to_first_token", "p99"),
+        "e2e_p50_ms": stat("request_latency", "p50"),
+        "e2e_p99_ms": stat("request_latency", "p99"),
+        "output_tokens_per_s": round(stat("output_token_throughput", "avg") or 0.0, 1),
+        "throughput_rps": stat("request_throughput", "avg"),
+        "client_reported_hit_rate": None if cache_pct is None else round(cache_pct / 100.0, 4),
+        "token_count_mismatches": int(stat("usage_discrepancy_count", "avg") or 0),
+        "wall_s": stat("benchmark_duration", "avg"),
+    }
+
+
+def _read_aiperf(rc: int, out_dir: Path, log_path: Path) -> dict[str, Any]:
+    path = out_dir / "profile_export_aiperf.json"
+    if rc != 0 or not path.exists():
+        tail = log_path.read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"aiperf exited {rc}; {log_path}:\n{tail}")
+    return parse_aiperf(json.loads(path.read_text()))
+
+
+def _prepare_aiperf(out_dir: Path) -> tuple[Path, Path]:
+    out_dir = out_dir.absolute()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return out_dir, build_tokenizer("aiperf")
+
+
+async def run_aiperf(
+    base_url: str,
+    model: str,
+    load: PrefixPromptLoad,
+    out_dir: Path,
+    *,
+    timeout: float = 600.0,
+) -> dict[str, Any]:
+    """One aiperf run against `base_url`; its parsed summary (raises on failure)."""
+    pkg = PACKAGES["aiperf"]
+    if stamp(pkg) is None:
+        raise RuntimeError(
+            "aiperf is not installed; run `python -m bench.anchors aiperf` "
+            f"(builds {venv_dir(pkg)})"
+        )
+    out_dir, tok = _prepare_aiperf(out_dir)
+    artifacts = out_dir / "artifacts"
+    log_path = out_dir / "aiperf.log"
+    args = aiperf_command(venv_dir(pkg) / "bin" / "aiperf", base_url, model, load, tok, artifacts)
+    t0 = time.monotonic()
+    env = {**AIPERF_ENV, "HF_HOME": str(out_dir / "hf-home")}
+    rc = await _run_client(args, env, out_dir, log_path, timeout)
+    result = _read_aiperf(rc, artifacts, log_path)
+    result["version"] = pkg.version
+    result["rate"] = load.rate
+    result["seconds"] = load.seconds
+    result["process_s"] = round(time.monotonic() - t0, 1)
+    result["report_dir"] = str(artifacts)
     return result
