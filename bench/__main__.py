@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     ss.add_argument("--rate", type=float, default=24.0)
     ss.add_argument("--seconds", type=float, default=60.0)
     sub.add_parser("report", help="rebuild bench/results/README.md from the JSON files")
-    a = sub.add_parser("anchors-smoke", help="each installed anchor router, then the third-party clients")
+    a = sub.add_parser("anchors-smoke", help="anchor routers, then third-party clients")
     a.add_argument("--sims", type=int, default=3)
     a.add_argument("--rate", type=float, default=5.0)
     a.add_argument("--seconds", type=float, default=10.0)

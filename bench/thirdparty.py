@@ -331,13 +331,17 @@ def aiperf_command(
 def parse_aiperf(summary: dict[str, Any]) -> dict[str, Any]:
     """Our fields from aiperf's profile_export_aiperf.json (already in ms)."""
 
-    def stat(metric: str, key: str) -> float | None:
+    def raw(metric: str, key: str) -> float | None:
         v = (summary.get(metric) or {}).get(key)
-        return None if v is None else round(float(v), 2)
+        return None if v is None else float(v)
+
+    def stat(metric: str, key: str) -> float | None:
+        v = raw(metric, key)
+        return None if v is None else round(v, 2)
 
     ok = int(stat("completed_request_count", "avg") or stat("request_count", "avg") or 0)
     errors = sum(int(e.get("count", 1)) for e in summary.get("error_summary") or [])
-    cache_pct = stat("overall_usage_prompt_cache_read_pct", "avg")
+    cache_pct = raw("overall_usage_prompt_cache_read_pct", "avg")
     return {
         "client": "aiperf",
         "requests_ok": ok,
@@ -347,7 +351,7 @@ def parse_aiperf(summary: dict[str, Any]) -> dict[str, Any]:
         "ttft_p99_ms": stat("time_to_first_token", "p99"),
         "e2e_p50_ms": stat("request_latency", "p50"),
         "e2e_p99_ms": stat("request_latency", "p99"),
-        "output_tokens_per_s": round(stat("output_token_throughput", "avg") or 0.0, 1),
+        "output_tokens_per_s": round(raw("output_token_throughput", "avg") or 0.0, 1),
         "throughput_rps": stat("request_throughput", "avg"),
         "client_reported_hit_rate": None if cache_pct is None else round(cache_pct / 100.0, 4),
         "token_count_mismatches": int(stat("usage_discrepancy_count", "avg") or 0),
