@@ -91,7 +91,8 @@ def _numeric(version: str) -> tuple[int, ...]:
 def find_python(minimum: tuple[int, int]) -> str:
     """An interpreter of at least `minimum`: this one, pythonX.Y on PATH, or a pyenv build."""
     if sys.version_info[:2] >= minimum:
-        return sys.executable
+        # the interpreter behind this one (a venv's python makes a venv of its base anyway)
+        return getattr(sys, "_base_executable", sys.executable)
     candidates: list[str] = []
     for minor in range(minimum[1], 15):
         exe = shutil.which(f"python{minimum[0]}.{minor}")
