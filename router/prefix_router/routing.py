@@ -236,4 +236,5 @@ class Router:
             canonical = next_turn_canonical(plan.parsed, answer)
             nxt = extend_hashes(plan.hashes, canonical, self._block_bytes, plan.seed)
             if len(nxt) > len(plan.hashes):
-                self.store.record(plan.parsed.model, nxt, backend)
+                # the prompt's blocks were recorded at dispatch: only the answer's are news
+                self.store.record(plan.parsed.model, nxt, backend, known=len(plan.hashes))

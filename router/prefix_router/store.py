@@ -17,8 +17,10 @@ class TableStore(Protocol):
     async def lookup(self, model: str, hashes: Sequence[int]) -> dict[str, int]: ...
     # urgent: news other routers should see at once (a backend newly owning a prefix);
     # a shared store may hold other writes back to batch them
+    # known: the leading blocks just recorded for this backend, which a store may skip
     def record(
-        self, model: str, hashes: Sequence[int], backend: str, *, urgent: bool = False
+        self, model: str, hashes: Sequence[int], backend: str, *, urgent: bool = False,
+        known: int = 0,
     ) -> None: ...
     def drop_backend(self, backend: str) -> None: ...
     def occupancy(self, model: str, backend: str) -> float: ...
@@ -59,7 +61,8 @@ class LocalStore:
         return t.match(hashes, self._clock())
 
     def record(
-        self, model: str, hashes: Sequence[int], backend: str, *, urgent: bool = False
+        self, model: str, hashes: Sequence[int], backend: str, *, urgent: bool = False,
+        known: int = 0,
     ) -> None:
         if hashes:
             self.table(model).record(hashes, backend, self._clock())

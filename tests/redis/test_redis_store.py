@@ -244,3 +244,26 @@ async def test_figures_published_for_the_operator(redis_server):
     finally:
         await a.close()
         await b.close()
+
+
+def test_a_chain_travels_as_one_string_of_the_same_hex_words():
+    from prefix_router.redis_store import _chain_hex, _hex
+
+    hashes = [0, 1, 2**64 - 1, 0xDEADBEEF]
+    assert _chain_hex(hashes) == "".join(_hex(h) for h in hashes)
+
+
+async def test_an_answer_recorded_after_its_prompt_stays_one_chain(redis_server):
+    a, b = await pair(redis_server.url)  # capacity: 50 blocks per backend
+    try:
+        prompt, answer = list(range(1, 31)), list(range(31, 61))
+        a.record("m", prompt, "http://e1")
+        await settle()
+        a.record("m", prompt + answer, "http://e1", known=len(prompt))  # only 30 new blocks
+        await settle()
+        # 60 blocks over a capacity of 50: the deepest go, never a block in the middle
+        assert await b.lookup("m", prompt + answer) == {"http://e1": 50}
+        assert await b.lookup("m", prompt) == {"http://e1": 30}
+    finally:
+        await a.close()
+        await b.close()
