@@ -70,6 +70,7 @@ async def fetch_stats(urls: list[str]) -> list[dict]:
 _DRIFT = (
     'prefix_router_store_round_trips{kind="request"}',
     'prefix_router_store_round_trips{kind="timer"}',
+    "prefix_router_store_slow_lookups",
     "prefix_router_predicted_cached_tokens_total",
     "prefix_router_reported_cached_tokens_total",
     "prefix_router_reported_prompt_tokens_total",
@@ -140,6 +141,10 @@ def store_traffic(
         "redis_round_trips_per_request": round(delta("request") / sent, 3),
         "redis_timer_round_trips_per_request": round(delta("timer") / sent, 3),
         "redis_commands_per_request": round(calls / sent, 3),
+        # lookups over the per-request budget, routed on the router's own local table
+        "redis_slow_lookup_share": round(
+            (after.get("prefix_router_store_slow_lookups", 0.0)
+             - before.get("prefix_router_store_slow_lookups", 0.0)) / sent, 4),
     }
 
 

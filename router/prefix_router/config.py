@@ -61,8 +61,13 @@ class StoreSettings(_Strict):
     url: str | None = None
     password_env: str | None = None
     username: str | None = None
-    # Per-request budget for a shared-store round trip; past it we route on local state.
+    # Per-request budget for a shared-store lookup; past it that request routes on local
+    # state. The budget is `timeout_factor` x the recent typical lookup time, never below
+    # `timeout_ms` nor above `timeout_max_ms`: "slow" means slow for this deployment, so a
+    # busy host whose lookups all take 8 ms does not route every other request blind.
     timeout_ms: float = Field(default=5.0, gt=0)
+    timeout_max_ms: float = Field(default=50.0, gt=0)
+    timeout_factor: float = Field(default=4.0, ge=1)
     # Near-cache entries older than this are re-read from the store.
     near_cache_ttl_ms: float = Field(default=250.0, ge=0)
     # Longest a write (new ownership) waits for a lookup to carry it to the store before it

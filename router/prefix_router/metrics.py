@@ -88,6 +88,11 @@ class RouterMetrics:
             ["kind"],  # request: lookups and write-back flushes; timer: load and figures
             registry=r,
         )
+        self.store_budget = Gauge(
+            "prefix_router_store_budget_seconds",
+            "the shared-store lookup budget now (adapts to the typical lookup time)",
+            registry=r,
+        )
         self.store_slow_lookups = Gauge(
             "prefix_router_store_slow_lookups",
             "lookups routed on local state because the shared store was over its budget",

@@ -152,6 +152,7 @@ WS_BUCKET_S = 10
 WS_WINDOW_S = 60
 LOAD_EXPIRY_S = 3
 MAX_LATE_LOOKUPS = 16
+GRACE_ITERATIONS = 4
 # Lookups bring the others' load per request; this heartbeat only renews the lease and keeps
 # the picture current when requests are rare.
 LOAD_PERIOD_S = 0.5
@@ -194,6 +195,10 @@ class RedisStore:
         )
         self._prefix = f"prefixrouter:{s.model_key}:"
         self._budget = st.timeout_ms / 1000.0
+        self._budget_floor = st.timeout_ms / 1000.0
+        self._budget_cap = max(st.timeout_max_ms, st.timeout_ms) / 1000.0
+        self._budget_factor = st.timeout_factor
+        self._typical = 0.0  # moving average of lookup times (s), replies in time or late
         self._near_ttl = st.near_cache_ttl_ms / 1000.0
         cap = s.kv_capacity_tokens // s.block_size if s.kv_capacity_tokens else 0
         self._cap_blocks = cap or max(1000, st.max_entries_per_model // 16)
@@ -329,8 +334,18 @@ class RedisStore:
                 self._fail(exc)
                 return await self._fallback.lookup(model, hashes)
             self.round_trips += 1
+            sent = time.perf_counter()
+            call.add_done_callback(lambda _c, t=sent: self._timed(time.perf_counter() - t))
             done, _ = await asyncio.wait((call,), timeout=self._budget)
             if not done:
+                # On a busy host the timer and a reply already in the socket are ready in the
+                # same loop iteration, and the timer wins: a few more iterations let a reply
+                # that came in time through, at a cost of microseconds when none did.
+                for _ in range(GRACE_ITERATIONS):
+                    await asyncio.sleep(0)
+                    if call.done():
+                        break
+            if not call.done():
                 # Slow is not down: this request routes on local state (a full local table
                 # kept in step with every record), the reply still fills the near-cache when
                 # it comes, and the next request asks Redis again. Cancelling instead would
@@ -338,7 +353,8 @@ class RedisStore:
                 # scheduling hiccup of a busy host cost a third of the shared table's value.
                 self.slow_lookups += 1
                 self._late += 1
-                call.add_done_callback(lambda c, k=key, w=staged: self._late_reply(c, k, w))
+                call.add_done_callback(
+                    lambda c, k=key, w=staged, h=hashes: self._late_reply(c, k, w, h))
                 return await self._fallback.lookup(model, hashes)
             exc = call.exception()
             if exc is not None:
@@ -347,7 +363,7 @@ class RedisStore:
                 self._unstage(staged)
                 self._fail(exc)
                 return await self._fallback.lookup(model, hashes)
-            shared = self._take_reply(call.result(), key, now)
+            shared = self._take_reply(call.result(), key, now, hashes)
         mine = await self._recent.lookup(model, hashes)
         sent = self._sent
         if sent is not None and now - sent[0] <= self._near_ttl:
@@ -363,18 +379,37 @@ class RedisStore:
                 merged[b] = d
         return merged
 
+    def _timed(self, seconds: float) -> None:
+        t = self._typical
+        self._typical = seconds if t == 0.0 else t + 0.05 * (seconds - t)
+        self._budget = min(max(self._budget_factor * self._typical, self._budget_floor),
+                           self._budget_cap)
+
+    @property
+    def budget_ms(self) -> float:
+        return self._budget * 1000.0
+
     def _take_reply(self, reply: list[list[str | int]], key: tuple[str, int, int],
-                    at: float) -> dict[str, int]:
+                    at: float, hashes: Sequence[int]) -> dict[str, int]:
         flat, load = reply
         shared = {str(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
         self._take_remote_load(load)
+        if shared:
+            # What the shared table knows of this chain goes into the local one too, so a
+            # later lookup that misses its budget routes on nearly the shared picture rather
+            # than on this router's own third of it.
+            local = self._fallback.table(key[0]).match(hashes)
+            for b, d in shared.items():
+                if local.get(b, 0) < d:
+                    self._fallback.record(key[0], hashes[:d], b)
         if len(self._near) > 20_000:
             self._near.clear()
         self._near[key] = (at, shared)
         return shared
 
     def _late_reply(self, call: asyncio.Future[list[list[str | int]]],
-                    key: tuple[str, int, int], staged: _Staged | None) -> None:
+                    key: tuple[str, int, int], staged: _Staged | None,
+                    hashes: Sequence[int]) -> None:
         self._late -= 1
         if call.cancelled():
             self._unstage(staged)
@@ -385,7 +420,7 @@ class RedisStore:
             if isinstance(exc, (RedisError, OSError)):
                 self._fail(exc)
             return
-        self._take_reply(call.result(), key, time.monotonic())
+        self._take_reply(call.result(), key, time.monotonic(), hashes)
 
     def _take_remote_load(self, flat: Sequence[str | float]) -> None:
         source = self.load_source

@@ -267,3 +267,18 @@ async def test_an_answer_recorded_after_its_prompt_stays_one_chain(redis_server)
     finally:
         await a.close()
         await b.close()
+
+
+def test_the_lookup_budget_follows_the_typical_lookup_time_within_its_bounds():
+    s = RedisStore(settings("redis://127.0.0.1:1/0", store={
+        "timeout_ms": 5, "timeout_max_ms": 40, "timeout_factor": 4}), "r")
+    assert s.budget_ms == pytest.approx(5)
+    for _ in range(200):
+        s._timed(0.0003)  # a healthy Redis on the same network: the floor holds
+    assert s.budget_ms == pytest.approx(5)
+    for _ in range(200):
+        s._timed(0.006)  # a busy host: every lookup takes 6 ms
+    assert s.budget_ms == pytest.approx(24, rel=0.05)
+    for _ in range(200):
+        s._timed(1.0)  # a hanging Redis: never more than the cap
+    assert s.budget_ms == pytest.approx(40)
