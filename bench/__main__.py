@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> None:
     f.add_argument("--rate", type=float, default=24.0)
     f.add_argument("--seconds", type=float, default=120.0)
     sub.add_parser("redis-memory", help="Redis memory per million ownership entries")
+    so = sub.add_parser("scale-out", help="4 replicas become 8 mid-run, warm start on/off")
+    so.add_argument("--rate", type=float, default=16.0)
+    so.add_argument("--seconds", type=float, default=90.0)
     ss = sub.add_parser("shared-store", help="1 router vs 3 on Redis vs 3 local (issue 4)")
     ss.add_argument("--workloads", nargs="+", default=["system-prompts", "customers"])
     ss.add_argument("--rate", type=float, default=24.0)
@@ -97,6 +100,14 @@ def main(argv: list[str] | None = None) -> None:
 
         r = fault_main(args.rate, args.seconds)
         print(f"failed requests {r['failed_requests']}, recovery {r['recovery_s']} s")
+    elif args.cmd == "scale-out":
+        from .scale_out import main as scale_main
+
+        r = scale_main(args.rate, args.seconds)
+        for one in r["runs"]:
+            print(f"warm_start={one['warm_start']}: 40% share after {one['seconds_to_40pct']} s; "
+                  f"first 30 s after the join {one['first_30s_after_join']}; "
+                  f"failed {one['failed_requests']}")
     elif args.cmd == "shared-store":
         from .shared_store import main as shared_main
 
