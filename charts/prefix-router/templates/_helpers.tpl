@@ -89,14 +89,15 @@ app.kubernetes.io/component: {{ .component }}
 {{/*
 The adapter's certificates, made once per render and shared by every template that needs them
 (the Secrets, the APIService's caBundle, KEDA's trigger authentication, the pods' checksum
-annotation): genCA in two templates would make two different CAs. Memoised in .Values under a
-key the schema does not know (it validates before rendering). On upgrades the certificates
+annotation): genCA in two templates would make two different CAs. Memoised in the top-level
+context, which all templates of the chart share (not in .Values: those are stored with the
+release, and the keys would end up there). On upgrades the certificates
 already in the cluster are read back with lookup and kept, so an upgrade neither rotates them
 nor restarts the adapter; `helm template` (no cluster) makes new ones each time.
 Returns JSON: {serving: {ca, crt, key}, kedaClient: {ca, crt, key}}, base64-encoded PEM.
 */}}
 {{- define "prefix-router.adapterPKI" -}}
-{{- if not (hasKey .Values.adapter.tls "__pki") -}}
+{{- if not (hasKey . "__prefixRouterPKI") -}}
 {{- $pki := dict -}}
 {{- $days := int .Values.adapter.tls.validityDays -}}
 {{- if .Values.adapter.tls.existingSecret -}}
@@ -126,9 +127,9 @@ Returns JSON: {serving: {ca, crt, key}, kedaClient: {ca, crt, key}}, base64-enco
 {{- $_ := set $pki "kedaClient" (dict "ca" ($ca.Cert | b64enc) "crt" ($cert.Cert | b64enc) "key" ($cert.Key | b64enc)) -}}
 {{- end -}}
 {{- end -}}
-{{- $_ := set .Values.adapter.tls "__pki" $pki -}}
+{{- $_ := set . "__prefixRouterPKI" $pki -}}
 {{- end -}}
-{{- toJson (get .Values.adapter.tls "__pki") -}}
+{{- toJson (get . "__prefixRouterPKI") -}}
 {{- end -}}
 
 {{- define "prefix-router.podSecurityContext" -}}
