@@ -35,11 +35,11 @@ test: $(STAMP) redis k8s-binaries helm
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
-bench: $(STAMP)
-	$(PY) -m bench suite
+bench: $(STAMP) redis
+	$(PY) -m bench compare
 
-bench-quick: $(STAMP)
-	$(PY) -m bench suite --quick
+bench-quick: $(STAMP) redis
+	$(PY) -m bench compare --quick
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -49,6 +49,7 @@ async def _one(
     msgs: list[dict[str, str]],
     max_tokens: int,
     timeout: float,
+    headers: dict[str, str] | None = None,
 ) -> tuple[Result, str]:
     body = {
         "model": model,
@@ -66,7 +67,10 @@ async def _one(
     status = 0
     try:
         async with session_http.post(
-            url + "/v1/chat/completions", json=body, timeout=aiohttp.ClientTimeout(total=timeout)
+            url + "/v1/chat/completions",
+            json=body,
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=timeout),
         ) as r:
             status = r.status
             if r.status != 200:
@@ -137,9 +141,15 @@ async def run_load(
     request_timeout: float = 300.0,
     drain_timeout: float = 120.0,
     progress: bool = True,
+    session_header: str | None = None,
+    session_id_offset: int = 0,
 ) -> RunLog:
     """Send `workload` at `rate` requests/s for `seconds`; targets are used round-robin per
-    request, as a Kubernetes Service spreads connections over router replicas."""
+    request, as a Kubernetes Service spreads connections over router replicas.
+
+    With `session_header` (e.g. "X-Session-ID"), every request of a session carries that header
+    with one id per Session (`session_id_offset` + its index): all turns of a conversation share
+    it; each single-turn session has its own. Off by default."""
     rng = random.Random(seed)
     log = RunLog()
     avg_turns = sum(len(s.turns) for s in workload.sessions) / max(1, len(workload.sessions))
@@ -151,13 +161,14 @@ async def run_load(
         async def conversation(idx: int, s: Session) -> None:
             nonlocal rr
             answers: list[str] = []
+            hdrs = {session_header: str(session_id_offset + idx)} if session_header else None
             for t, turn in enumerate(s.turns):
                 msgs = messages_for(s, t, answers)
                 target = targets[rr % len(targets)]
                 rr += 1
                 log.sent.append(msgs)
                 res, answer = await _one(
-                    http, target, model, msgs, turn.max_tokens, request_timeout
+                    http, target, model, msgs, turn.max_tokens, request_timeout, hdrs
                 )
                 res.session, res.turn = idx, t
                 log.results.append(res)
