@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> None:
     a.add_argument("--rate", type=float, default=5.0)
     a.add_argument("--seconds", type=float, default=10.0)
     a.add_argument("--no-client", action="store_true", help="skip the third-party clients")
+    from .compare import add_arguments as compare_arguments
+
+    compare_arguments(sub.add_parser("compare", help="every router and anchor side by side"))
     args = p.parse_args(argv)
     try:
         import uvloop
@@ -124,6 +127,10 @@ def main(argv: list[str] | None = None) -> None:
         from .anchors import smoke
 
         asyncio.run(smoke(args.sims, args.rate, args.seconds, client=not args.no_client))
+    elif args.cmd == "compare":
+        from .compare import main as compare_main
+
+        compare_main(args)
     else:  # pragma: no cover
         sys.exit(2)
 
