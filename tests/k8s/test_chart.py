@@ -37,6 +37,7 @@ from typing import Any
 import pytest
 import redis
 import yaml
+from redis_process import running_redis
 
 from prefix_operator import (
     GROUP,
@@ -547,27 +548,12 @@ def redis_store() -> Iterator[tuple[int, redis.Redis]]:
     binary = os.environ.get("REDIS_SERVER") or shutil.which("redis-server")
     if not binary:
         pytest.fail("redis-server is not installed (make test installs it)", pytrace=False)
-    port = free_port()
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port, decode_responses=True)
-    deadline = time.monotonic() + 10
-    while True:
+    with running_redis(binary) as port:
+        client = redis.Redis(port=port, decode_responses=True)
         try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise
-            time.sleep(0.05)
-    try:
-        yield port, client
-    finally:
-        client.close()
-        proc.terminate()
-        proc.wait(5)
+            yield port, client
+        finally:
+            client.close()
 
 
 def _condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:

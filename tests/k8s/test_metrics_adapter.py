@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 import redis
+from redis_process import running_redis
 from test_operator import Operator
 
 pytestmark = pytest.mark.k8s
@@ -89,30 +90,14 @@ def hpa_ns(cp: Any) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def store() -> Iterator[redis.Redis]:
     """A real redis-server with a password: the models' external cache store."""
-    from controlplane import free_port
 
     binary = os.environ.get("REDIS_SERVER") or shutil.which("redis-server")
     if not binary:
         pytest.fail("redis-server is not installed (make test installs it)", pytrace=False)
-    port = free_port()
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1",
-                             "--requirepass", PASSWORD, "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port, password=PASSWORD, decode_responses=True)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise
-            time.sleep(0.05)
-    yield client
-    client.close()
-    proc.terminate()
-    proc.wait(5)
+    with running_redis(binary, PASSWORD) as port:
+        client = redis.Redis(port=port, password=PASSWORD, decode_responses=True)
+        yield client
+        client.close()
 
 
 class Adapter:

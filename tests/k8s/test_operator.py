@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 import redis
 import yaml
+from redis_process import running_redis
 
 pytestmark = pytest.mark.k8s
 
@@ -137,24 +138,9 @@ def store() -> Iterator[tuple[str, int, str]]:
     binary = os.environ.get("REDIS_SERVER") or shutil.which("redis-server")
     if not binary:
         pytest.skip("redis-server not installed")
-    port, password = free_port(), "s3cret"
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1",
-                             "--requirepass", password, "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port, password=password)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise
-            time.sleep(0.05)
-    yield "127.0.0.1", port, password
-    proc.terminate()
-    proc.wait(5)
+    password = "s3cret"
+    with running_redis(binary, password) as port:
+        yield "127.0.0.1", port, password
 
 
 # --------------------------------------------------------------------------- helpers

@@ -1,0 +1,41 @@
+"""A real redis-server on a free loopback port, for the control-plane tests' cache stores."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import time
+from collections.abc import Iterator
+
+import redis
+from controlplane import free_port
+
+
+@contextlib.contextmanager
+def running_redis(binary: str, password: str | None = None) -> Iterator[int]:
+    """Start redis-server, wait until it answers PING, yield its port, stop it."""
+    port = free_port()
+    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no"]
+    if password:
+        args += ["--requirepass", password]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = redis.Redis(port=port, password=password)
+    deadline = time.monotonic() + 10
+    try:
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        yield port
+    finally:
+        client.close()
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
