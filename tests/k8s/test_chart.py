@@ -136,13 +136,24 @@ def apiservice_objs(helm: str) -> list[dict[str, Any]]:
     return template(helm, "--set", "adapter.apiService.enabled=true")
 
 
+# One operator replica under kopf peering instead of leader election.
+PEERING = ["--set", "operator.leaderElection.enabled=false,operator.peering.enabled=true,"
+           "operator.replicas=1"]
+STANDALONE = ["--set", "operator.leaderElection.enabled=false,operator.replicas=1"]
+
+
+@pytest.fixture(scope="module")
+def peering_objs(helm: str) -> list[dict[str, Any]]:
+    return template(helm, *PEERING)
+
+
 # --------------------------------------------------------------------------- lint / template
 
 
 @pytest.mark.parametrize("values", [[], ["-f", str(ALL_OPTIONS)],
                                     ["--set", "adapter.apiService.enabled=true"],
-                                    ["--set", "operator.peering.enabled=false"]],
-                         ids=["default", "all-options", "apiservice", "standalone"])
+                                    PEERING, STANDALONE],
+                         ids=["default", "all-options", "apiservice", "peering", "standalone"])
 def test_lint_strict(helm: str, values: list[str]) -> None:
     proc = run_helm(helm, "lint", "--strict", str(CHART), *values)
     assert "0 chart(s) failed" in proc.stdout, proc.stdout
@@ -150,8 +161,10 @@ def test_lint_strict(helm: str, values: list[str]) -> None:
 
 def test_default_render(default_objs: list[dict[str, Any]]) -> None:
     kinds = {o["kind"] for o in default_objs}
-    assert {"Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "RoleBinding",
-            "Service", "Secret", "ClusterKopfPeering"} <= kinds
+    assert {"Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
+            "RoleBinding", "Service", "Secret"} <= kinds
+    # Leader election, not peering: no peering objects.
+    assert not kinds & {"ClusterKopfPeering", "KopfPeering"}
     # Opt-in: one owner of external.metrics.k8s.io per cluster.
     assert "APIService" not in kinds
     assert not kinds & FOREIGN_KINDS
@@ -161,11 +174,61 @@ def test_default_render(default_objs: list[dict[str, Any]]) -> None:
     args = operator_cli.parse_args(op["args"])
     assert op["image"] == config.ROUTER_IMAGE
     assert args.router_image == config.ROUTER_IMAGE
-    assert args.all_namespaces and not args.standalone
-    peering = one(default_objs, "ClusterKopfPeering")
-    assert args.peering == peering["metadata"]["name"]
+    assert args.all_namespaces and not args.standalone and args.peering is None
+    # Two replicas, one Lease in the release namespace, the operator's default timings.
+    op_deploy = one(default_objs, "Deployment", "-operator")
+    assert op_deploy["spec"]["replicas"] == 2
+    assert op_deploy["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert args.leader_election and args.lease_namespace == "prefix-router"
+    assert args.lease_name == f"{op_deploy['metadata']['name']}-leader"
+    lease = operator_cli.lease_settings(args)
+    assert (lease.lease_duration, lease.renew_deadline, lease.retry_period) == (15, 10, 2)
+    assert lease.problems() == []
+    # The pod's name is its identity in the Lease.
     pod_id = {"name": "POD_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
     assert pod_id in op["env"]
+    # Standbys are spread over nodes when nothing else is asked for.
+    anti = op_deploy["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    term = anti["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert term["labelSelector"]["matchLabels"].items() <= \
+        op_deploy["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_peering_render(peering_objs: list[dict[str, Any]], helm: str) -> None:
+    op_deploy = one(peering_objs, "Deployment", "-operator")
+    args = operator_cli.parse_args(container(op_deploy)["args"])
+    assert not args.leader_election and not args.standalone
+    assert args.peering == one(peering_objs, "ClusterKopfPeering")["metadata"]["name"]
+    assert op_deploy["spec"]["replicas"] == 1
+    assert "affinity" not in op_deploy["spec"]["template"]["spec"]
+    assert not [o for o in by_kind(peering_objs, "Role") if "leader" in o["metadata"]["name"]]
+    cluster = one(peering_objs, "ClusterRole", "-operator")["rules"]
+    assert allows(cluster, "kopf.dev", "clusterkopfpeerings", "patch")
+    assert not allows(cluster, "coordination.k8s.io", "leases", "create")
+    # Namespaced: a KopfPeering and its RBAC in each watched namespace.
+    objs = template(helm, *PEERING, "--set", "operator.watchNamespaces={ml,ml-staging}")
+    assert {o["metadata"]["namespace"] for o in by_kind(objs, "KopfPeering")} == {"ml",
+                                                                                 "ml-staging"}
+    for role in by_kind(objs, "Role"):
+        assert allows(role["rules"], "kopf.dev", "kopfpeerings", "patch")
+    standalone = template(helm, *STANDALONE)
+    sa_deploy = one(standalone, "Deployment", "-operator")
+    assert operator_cli.parse_args(container(sa_deploy)["args"]).standalone
+    assert sa_deploy["spec"]["strategy"]["type"] == "Recreate"
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    (["--set", "operator.peering.enabled=true"],
+     "operator.leaderElection.enabled and operator.peering.enabled exclude each other"),
+    (["--set", "operator.leaderElection.renewDeadlineSeconds=15"],
+     "leaseDurationSeconds must exceed renewDeadlineSeconds"),
+    (["--set-json", "operator.leaderElection.retryPeriodSeconds=9"],
+     "which must exceed 1.2 x retryPeriodSeconds"),
+], ids=["peering", "renew-deadline", "retry-period"])
+def test_leader_election_refuses_unsafe_values(helm: str, settings: list[str],
+                                               message: str) -> None:
+    proc = run_helm(helm, "template", "rel", str(CHART), *settings, check=False)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
 
 
 def test_all_options_render(all_objs: list[dict[str, Any]]) -> None:
@@ -174,12 +237,21 @@ def test_all_options_render(all_objs: list[dict[str, Any]]) -> None:
     op_deploy = one(all_objs, "Deployment", "-operator")
     op = container(op_deploy)
     args = operator_cli.parse_args(op["args"])
-    assert args.namespace == namespaces and args.peering == values["operator"]["peering"]["name"]
+    le = values["operator"]["leaderElection"]
+    assert args.namespace == namespaces and args.leader_election and args.peering is None
+    assert (args.lease_duration, args.renew_deadline, args.retry_period) == (
+        le["leaseDurationSeconds"], le["renewDeadlineSeconds"], le["retryPeriodSeconds"])
+    assert op_deploy["spec"]["replicas"] == values["operator"]["replicas"]
+    # The affinity given replaces the default spreading.
+    assert op_deploy["spec"]["template"]["spec"]["affinity"] == values["operator"]["affinity"]
     assert args.resync_seconds == 30 and args.figures_seconds == 10 and args.verbose
     assert op["image"] == "registry.example.com/ml/prefix-router:0.1.0-test"
-    # Namespaced operator: a Role, a RoleBinding and a KopfPeering in each watched namespace.
-    for kind in ("Role", "KopfPeering"):
-        assert {o["metadata"]["namespace"] for o in by_kind(all_objs, kind)} == set(namespaces)
+    # Namespaced operator: a Role and a RoleBinding in each watched namespace, and the
+    # leader-election Role in the release namespace.
+    roles = {o["metadata"]["namespace"] for o in by_kind(all_objs, "Role")
+             if not o["metadata"]["name"].endswith("-leader-election")}
+    assert roles == set(namespaces)
+    assert not by_kind(all_objs, "KopfPeering")
     bindings = [o for o in by_kind(all_objs, "RoleBinding") if o["roleRef"]["kind"] == "Role"
                 and o["metadata"]["namespace"] in namespaces]
     assert len(bindings) == len(namespaces)
@@ -244,7 +316,11 @@ def test_keda_and_apiservice_exclude_each_other(helm: str) -> None:
 
 BAD_VALUES = [
     ("operator.replicas=-1", "at '/operator/replicas': minimum: got -1, want 0"),
-    ("operator.replicas=2", "at '/operator/replicas': maximum: got 2, want 1"),
+    # Without leader election a second replica would pause (peering) or race (standalone).
+    ("operator.leaderElection.enabled=false,operator.replicas=2",
+     "at '/operator/replicas': maximum: got 2, want 1"),
+    ("operator.leaderElection.leaseDurationSeconds=1",
+     "at '/operator/leaderElection/leaseDurationSeconds': minimum"),
     ("adapter.replicas=-3", "at '/adapter/replicas': minimum"),
     ("adapter.securePort=443", "at '/adapter/securePort': minimum"),
     ("image.pullPolicy=Sometimes", "at '/image/pullPolicy'"),
@@ -280,6 +356,15 @@ def sample_model(namespace: str = "ml", name: str = "llama", **spec: Any) -> Mod
             "spec": {"model": {"name": "llama-3-8b", "source": "meta-llama/Llama-3.1-8B"},
                      **spec}}
     return Model.from_body(body)
+
+
+def allows_named(rules: list[dict[str, Any]], group: str, resource: str, verb: str,
+                 name: str) -> bool:
+    """Whether some rule grants the verb on the object of that name (and only on named ones:
+    rules without resourceNames are what allows() checks)."""
+    return any(group in r.get("apiGroups", []) and resource in r.get("resources", [])
+               and verb in r.get("verbs", []) and name in r.get("resourceNames", [])
+               for r in rules)
 
 
 def allows(rules: list[dict[str, Any]], group: str, resource: str, verb: str) -> bool:
@@ -330,14 +415,28 @@ def test_operator_rbac_covers_what_the_operator_does(default_objs: list[dict[str
     cluster = one(default_objs, "ClusterRole", "-operator")["rules"]
     missing = sorted(p for p in needed if not allows(cluster, *p))
     assert not missing, f"the operator's ClusterRole lacks {missing}"
-    assert allows(cluster, "kopf.dev", "clusterkopfpeerings", "patch")
     assert allows(cluster, "apiextensions.k8s.io", "customresourcedefinitions", "watch")
+    # Leader election: what kubernetes_asyncio's LeaseLock and our release do (read, create,
+    # replace), on the release's Lease in the release namespace.
+    op = container(one(default_objs, "Deployment", "-operator"))
+    args = operator_cli.parse_args(op["args"])
+    for objs in (default_objs, all_objs):
+        role = one([o for o in by_kind(objs, "Role")
+                    if o["metadata"]["namespace"] == "prefix-router"], "Role", "-leader-election")
+        assert allows(role["rules"], "coordination.k8s.io", "leases", "create")
+        for verb in ("get", "update"):
+            assert allows_named(role["rules"], "coordination.k8s.io", "leases", verb,
+                                args.lease_name)
+        binding = one(by_kind(objs, "RoleBinding"), "RoleBinding", "-leader-election")
+        assert binding["roleRef"]["name"] == role["metadata"]["name"]
+        assert binding["metadata"]["namespace"] == args.lease_namespace
     # Namespaced: the same in each watched namespace's Role; the ClusterRole keeps only kopf's
     # cluster-scoped observation.
     for role in by_kind(all_objs, "Role"):
+        if role["metadata"]["name"].endswith("-leader-election"):
+            continue
         missing = sorted(p for p in needed if not allows(role["rules"], *p))
         assert not missing, f"Role in {role['metadata']['namespace']} lacks {missing}"
-        assert allows(role["rules"], "kopf.dev", "kopfpeerings", "patch")
     scoped = one(all_objs, "ClusterRole", "-operator")["rules"]
     assert {g for r in scoped for g in r["apiGroups"]} == {"apiextensions.k8s.io", ""}
     assert not allows(scoped, "", "secrets", "get")
@@ -354,6 +453,14 @@ def test_operator_rbac_is_least_privilege(default_objs: list[dict[str, Any]]) ->
         assert not allows(rules, "", "secrets", verb)
     assert not allows(rules, "discovery.k8s.io", "endpointslices", "create")
     assert not allows(rules, "", "pods", "get")
+    # Leases: only in the release namespace's Role, and there only create, get and update
+    # (get and update on the one Lease).
+    assert not any("coordination.k8s.io" in r["apiGroups"] for r in rules)
+    role = one(by_kind(default_objs, "Role"), "Role", "-leader-election")
+    assert {v for r in role["rules"] for v in r["verbs"]} == {"create", "get", "update"}
+    assert all(r.get("resourceNames") for r in role["rules"] if set(r["verbs"]) - {"create"})
+    assert {(g, res) for r in role["rules"] for g in r["apiGroups"] for res in r["resources"]} \
+        == {("coordination.k8s.io", "leases")}
 
 
 def test_adapter_rbac(apiservice_objs: list[dict[str, Any]]) -> None:
@@ -476,7 +583,8 @@ def test_server_side_dry_run(helm: str, control_plane: Any) -> None:
     for n in created:
         cp.kubectl("create", "namespace", n)
     try:
-        for args in ([], ["--set", "adapter.apiService.enabled=true"], ["-f", str(ALL_OPTIONS)]):
+        for args in ([], ["--set", "adapter.apiService.enabled=true"], ["-f", str(ALL_OPTIONS)],
+                     PEERING):
             objs = [o for o in template(helm, *args) if o["kind"] not in FOREIGN_KINDS]
             out = cp.kubectl("apply", "--server-side", "--dry-run=server", "--force-conflicts",
                              "--field-manager=helm-dry-run", "-f", "-",
@@ -600,8 +708,9 @@ def test_helm_install_runs_and_uninstall_cleans_up(
         for d in (op_name, ad_name):
             cp.kubectl("wait", "--for=condition=Available", "--timeout=60s", f"deployment/{d}",
                        "-n", ns)
-        peering = cp.kubectl_json("get", "kopfpeerings.kopf.dev", "-n", ns)["items"]
-        assert len(peering) == 1
+        # Leader election, not peering: no peering object.
+        assert not cp.kubectl_json("get", "kopfpeerings.kopf.dev", "-n", ns)["items"]
+        lease_name = f"{op_name}-leader"
 
         # An upgrade keeps the adapter's certificates (read back with lookup): no rotation, no
         # restart of the adapter pods.
@@ -698,10 +807,10 @@ def test_helm_install_runs_and_uninstall_cleans_up(
                                ("deployment", f"{name}-router"), ("role", f"{name}-router"),
                                ("rolebinding", f"{name}-router"), ("configmap", f"{name}-router")]:
             cp.kubectl("get", kind, obj_name, "-n", ns)
-        # kopf keeps its keep-alive in the chart's KopfPeering (RBAC on kopfpeerings works).
-        cp.wait_for(lambda: "chart-test-operator" in (cp.kubectl_json(
-            "get", "kopfpeerings.kopf.dev", peering[0]["metadata"]["name"], "-n", ns)
-            .get("status") or {}), 30, "the operator's keep-alive in the KopfPeering")
+        # The operator holds the release's Lease under its pod name (the leader-election Role
+        # works: create, get and update).
+        lease = cp.kubectl_json("get", "lease", lease_name, "-n", ns)
+        assert lease["spec"]["holderIdentity"] == "chart-test-operator"
 
         # The finalizer runs while the operator does: it removes the model's keys.
         cp.kubectl("delete", "prm", name, "-n", ns, "--wait=true", "--timeout=60s")
@@ -727,7 +836,8 @@ def test_helm_install_runs_and_uninstall_cleans_up(
                 ("deployment", op_name, ns), ("deployment", ad_name, ns),
                 ("serviceaccount", op_name, ns), ("secret", f"{ad_name}-serving-cert", ns),
                 ("role", op_name, ns),
-                ("kopfpeerings.kopf.dev", peering[0]["metadata"]["name"], ns),
+                ("role", f"{op_name}-leader-election", ns),
+                ("rolebinding", f"{op_name}-leader-election", ns),
                 ("rolebinding", f"{ad_name}:extension-apiserver-authentication-reader",
                  "kube-system"),
                 ("clusterrole", op_name, None), ("clusterrole", ad_name, None),

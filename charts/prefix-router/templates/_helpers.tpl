@@ -63,6 +63,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
+{{/* The operator's leader-election Lease, in the release namespace. */}}
+{{- define "prefix-router.leaseName" -}}
+{{- printf "%s-leader" (include "prefix-router.operatorName" .) -}}
+{{- end -}}
+
 {{- define "prefix-router.peeringName" -}}
 {{- default (include "prefix-router.fullname" .) .Values.operator.peering.name -}}
 {{- end -}}

@@ -1,0 +1,238 @@
+"""Leader election parts that need no cluster: settings, CLI flags, the Lease spec we write,
+the watchdog, the standby's health endpoint, and API failures (a closed port, a server that
+never answers) counted as failed attempts instead of ending the election.
+
+The election against a real kube-apiserver: tests/k8s/test_leader_election.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import AsyncIterator
+from datetime import datetime
+from pathlib import Path
+
+import aiohttp
+import pytest
+from kubernetes_asyncio import client
+from kubernetes_asyncio.leaderelection.leaderelectionrecord import LeaderElectionRecord
+
+from prefix_operator import cli, leader
+from prefix_operator.leader import LeaseSettings, StandbyHealth, TimedLeaseLock
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def settings(**kw: object) -> LeaseSettings:
+    base: dict[str, object] = {"name": "l", "namespace": "ns", "identity": "me"}
+    return LeaseSettings(**{**base, **kw})  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- settings
+
+
+def test_default_timings_are_the_client_go_ones_and_valid() -> None:
+    s = settings()
+    assert (s.lease_duration, s.renew_deadline, s.retry_period) == (15, 10.0, 2.0)
+    assert s.problems() == []
+
+
+@pytest.mark.parametrize(
+    ("kw", "problem"),
+    [
+        ({"lease_duration": 10}, "lease duration must exceed the renew deadline"),
+        ({"renew_deadline": 2.4}, "renew deadline must exceed 1.2 x the retry period"),
+        ({"retry_period": 0.5, "renew_deadline": 0.8}, "retry period must be at least 1 s"),
+        ({"identity": ""}, "must not be empty"),
+    ],
+)
+def test_unsafe_timings_are_named(kw: dict[str, object], problem: str) -> None:
+    assert any(problem in p for p in settings(**kw).problems())
+
+
+def test_request_timeout_leaves_room_for_several_attempts() -> None:
+    assert settings().request_timeout == pytest.approx(10 / 3)
+    assert settings(lease_duration=3, renew_deadline=2.5, retry_period=1).request_timeout == 1
+
+
+def test_identity_is_the_pod_name_else_host_and_pid() -> None:
+    assert leader.default_identity({"POD_ID": "op-7f9c-abcde"}) == "op-7f9c-abcde"
+    assert leader.default_identity({"POD_NAME": "p"}) == "p"
+    own = leader.default_identity({})
+    assert own == f"{socket.gethostname()}-{__import__('os').getpid()}"
+
+
+def test_lease_namespace_from_env_then_service_account_then_default(tmp_path: Path) -> None:
+    sa = tmp_path / "namespace"
+    assert leader.default_namespace({"POD_NAMESPACE": "ops"}, sa) == "ops"
+    assert leader.default_namespace({}, sa) == "default"
+    sa.write_text("prefix-router\n")
+    assert leader.default_namespace({}, sa) == "prefix-router"
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_cli_leader_election_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PREFIX_OPERATOR_LEADER_ELECTION", raising=False)
+    assert cli.parse_args([]).leader_election is False
+    args = cli.parse_args(
+        ["--leader-election", "--lease-namespace=ops", "--lease-identity=pod-1",
+         "--lease-duration=20", "--renew-deadline=12", "--retry-period=3"]
+    )  # fmt: skip
+    assert cli.lease_settings(args) == LeaseSettings("prefix-operator-leader", "ops", "pod-1",
+                                                     20, 12.0, 3.0)  # fmt: skip
+    monkeypatch.setenv("PREFIX_OPERATOR_LEADER_ELECTION", "true")
+    assert cli.parse_args([]).leader_election is True
+    assert cli.parse_args(["--no-leader-election"]).leader_election is False
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--leader-election", "--peering=x"], "--peering and --leader-election exclude"),
+        (["--leader-election", "--lease-duration=5"], "lease duration must exceed"),
+    ],
+)
+def test_cli_refuses_unsafe_combinations(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.parse_args(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- the Lease spec
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[client.ApiClient]:
+    cfg = client.Configuration()
+    cfg.host = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    c = client.ApiClient(cfg)
+    yield c
+    await c.close()
+
+
+def record(holder: str) -> LeaderElectionRecord:
+    now = str(datetime.now())
+    return LeaderElectionRecord(holder, "15", now, now)
+
+
+async def test_lease_spec_times_are_utc_and_acquire_time_kept_on_renewal(
+    api: client.ApiClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A local zone far from UTC: the library's own stamps would be 9 h off.
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        lock = TimedLeaseLock(settings(), api)
+        created = lock.update_lease(record("me"))
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert created.holder_identity == "me" and created.lease_duration_seconds == 15
+    for stamp in (created.renew_time, created.acquire_time):
+        parsed = datetime.strptime(stamp.replace("Z", "+0000"), "%Y-%m-%dT%H:%M:%S.%f%z")
+        assert abs(parsed.timestamp() - time.time()) < 5
+    held = client.V1LeaseSpec(holder_identity="me", acquire_time="2020-01-01T00:00:00.000000Z")
+    renewed = lock.update_lease(record("me"), held)
+    assert renewed.acquire_time == "2020-01-01T00:00:00.000000Z"
+    assert renewed.renew_time != "2020-01-01T00:00:00.000000Z"
+    theirs = client.V1LeaseSpec(holder_identity="other", acquire_time="2020-01-01T00:00:00Z")
+    taken = lock.update_lease(record("me"), theirs)
+    assert taken.holder_identity == "me" and taken.acquire_time != "2020-01-01T00:00:00Z"
+
+
+async def test_unreachable_api_is_a_failed_attempt_not_a_crash(api: client.ApiClient) -> None:
+    lock = TimedLeaseLock(settings(), api)
+    found, err = await lock.get("l", "ns")
+    assert found is False
+    # What the library reads: a JSON body with a code that is not 404.
+    assert json.loads(err.body)["code"] == 0
+    assert await lock.create("l", "ns", record("me")) is False
+    lock.lease_reference = client.V1Lease(spec=client.V1LeaseSpec())
+    assert await lock.update("l", "ns", record("me")) is False
+    assert lock.held_since_write is None
+    assert await lock.release() is False
+
+
+async def test_a_hung_api_call_times_out() -> None:
+    # A server that accepts connections and never answers.
+    hung = await asyncio.start_server(lambda r, w: asyncio.sleep(3600), "127.0.0.1", 0)
+    port = hung.sockets[0].getsockname()[1]
+    cfg = client.Configuration()
+    cfg.host = f"http://127.0.0.1:{port}"
+    api = client.ApiClient(cfg)
+    lock = TimedLeaseLock(settings(lease_duration=3, renew_deadline=2.5, retry_period=1), api)
+    try:
+        t0 = time.monotonic()
+        found, _ = await lock.get("l", "ns")
+        assert found is False
+        assert time.monotonic() - t0 < 3
+    finally:
+        await api.close()
+        hung.close()
+
+
+# --------------------------------------------------------------------------- watchdog
+
+
+async def test_watchdog_gives_up_after_the_renew_deadline(api: client.ApiClient) -> None:
+    s = settings(lease_duration=3, renew_deadline=1.5, retry_period=1)
+    lock = TimedLeaseLock(s, api)
+    reasons: list[str] = []
+    lock.held_since_write = time.monotonic()
+    t0 = time.monotonic()
+    await asyncio.wait_for(leader.watchdog(lock, s, reasons.append), 5)
+    waited = time.monotonic() - t0
+    assert 1.5 <= waited < 2.5
+    assert "within the renew deadline (1.5 s)" in reasons[0]
+
+
+async def test_watchdog_stays_quiet_while_renewals_land(api: client.ApiClient) -> None:
+    s = settings(lease_duration=3, renew_deadline=1.5, retry_period=1)
+    lock = TimedLeaseLock(s, api)
+    reasons: list[str] = []
+    lock.held_since_write = time.monotonic()
+    guard = asyncio.create_task(leader.watchdog(lock, s, reasons.append))
+    for _ in range(6):  # 3 s of renewals every 0.5 s: twice the deadline
+        await asyncio.sleep(0.5)
+        lock.held_since_write = time.monotonic()
+    assert not guard.done() and reasons == []
+    guard.cancel()
+
+
+# --------------------------------------------------------------------------- standby health
+
+
+async def test_standby_health_answers_and_frees_the_port_for_kopf() -> None:
+    port = free_port()
+    health = StandbyHealth(f"http://127.0.0.1:{port}/healthz")
+    await health.start(lambda: {"leader": False, "holder": "op-a"})
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"http://127.0.0.1:{port}/healthz") as r:
+                assert r.status == 200 and await r.json() == {"leader": False, "holder": "op-a"}
+            async with s.get(f"http://127.0.0.1:{port}/other") as r:
+                assert r.status == 404
+    finally:
+        await health.stop()
+    # kopf binds the same address next.
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+
+
+async def test_standby_health_disabled_without_url() -> None:
+    health = StandbyHealth(None)
+    await health.start(dict)
+    await health.stop()
