@@ -7,6 +7,11 @@ URL and password Secret the operator and the routers use) and answers with the t
 in external_metrics.py. Nothing is cached: the HPA asks once per sync period per metric, and a
 fresh read is what makes stale data show as stale.
 
+Two listeners: --secure-port for kube-apiserver's front proxy (the aggregated API), and, with
+--client-ca-file, --client-ca-port for callers with a certificate of that CA (KEDA's
+metrics-api trigger, which reads the same ExternalMetricValueList). Same routes, each with its
+own authentication (adapter_auth.py).
+
 I/O lives here; the computation is external_metrics.py, authentication adapter_auth.py.
 """
 
@@ -29,6 +34,8 @@ from . import external_metrics as em
 from .adapter_auth import (
     AUTH_CONFIGMAP_NAME,
     AUTH_CONFIGMAP_NAMESPACE,
+    Authenticator,
+    ClientCertConfig,
     RequestHeaderConfig,
     middleware,
     server_ssl_context,
@@ -67,8 +74,9 @@ class ModelFigures:
             return []
         try:
             password = await self._password(model)
-            return await cachestore.read_published(store_url(model), password,
-                                                   store_key_prefix(model), self.store_timeout)
+            return await cachestore.read_published(
+                store_url(model), password, store_key_prefix(model), self.store_timeout
+            )
         except Exception as e:  # the store or its Secret: report no data, never fail the list
             log.warning("figures of %s unavailable: %s: %s", model.key, type(e).__name__, e)
             return []
@@ -126,9 +134,12 @@ async def _metric(request: web.Request) -> web.Response:
     namespace = request.match_info["namespace"]
     metric = request.match_info["metric"]
     if metric not in em.METRICS:
-        return _json(em.status(404, "NotFound",
-                               f"no external metric {metric!r} (served: "
-                               f"{', '.join(em.METRICS)})"), 404)
+        return _json(
+            em.status(
+                404, "NotFound", f"no external metric {metric!r} (served: {', '.join(em.METRICS)})"
+            ),
+            404,
+        )
     try:
         selector = em.parse_selector(request.query.get("labelSelector"))
     except ValueError as e:
@@ -139,21 +150,23 @@ async def _metric(request: web.Request) -> web.Response:
     except KubeError as e:
         # The HPA treats an error like missing data: it holds.
         log.warning("cannot list PrefixRoutedModels in %s: %s", namespace, e)
-        return _json(em.status(503, "ServiceUnavailable",
-                               f"cannot list PrefixRoutedModels: {e}"), 503)
+        return _json(
+            em.status(503, "ServiceUnavailable", f"cannot list PrefixRoutedModels: {e}"), 503
+        )
     # Select before reading: Redis is read only for the models asked about.
     picked = [b for b in bodies if selector.matches(em.metric_labels(b))]
     published = await asyncio.gather(*(figures.published(b) for b in picked))
     pairs = [(em.metric_labels(b), p) for b, p in zip(picked, published, strict=True)]
-    items = em.metric_items(metric, pairs, selector, now=time.time(),
-                            stale_after=request.app[STALE_AFTER])
-    log.debug("%s %s %s: %d of %d models", namespace, metric, selector, len(items),
-              len(bodies))
+    items = em.metric_items(
+        metric, pairs, selector, now=time.time(), stale_after=request.app[STALE_AFTER]
+    )
+    log.debug("%s %s %s: %d of %d models", namespace, metric, selector, len(items), len(bodies))
     return _json(em.value_list(items))
 
 
-def make_app(auth: RequestHeaderConfig, figures: ModelFigures,
-             stale_after: float = STALE_AFTER_SECONDS) -> web.Application:
+def make_app(
+    auth: Authenticator, figures: ModelFigures, stale_after: float = STALE_AFTER_SECONDS
+) -> web.Application:
     app = web.Application(middlewares=[middleware(auth)])
     app[FIGURES] = figures
     app[STALE_AFTER] = stale_after
@@ -190,33 +203,56 @@ async def load_auth(args: argparse.Namespace, kube: Kube) -> RequestHeaderConfig
         return RequestHeaderConfig.from_ca_file(args.requestheader_client_ca_file, allowed)
     cm = await kube.get("v1", "ConfigMap", AUTH_CONFIGMAP_NAMESPACE, AUTH_CONFIGMAP_NAME)
     if cm is None:
-        raise SystemExit(f"ConfigMap {AUTH_CONFIGMAP_NAMESPACE}/{AUTH_CONFIGMAP_NAME} not "
-                         "found: pass --requestheader-client-ca-file")
+        raise SystemExit(
+            f"ConfigMap {AUTH_CONFIGMAP_NAMESPACE}/{AUTH_CONFIGMAP_NAME} not "
+            "found: pass --requestheader-client-ca-file"
+        )
     auth = RequestHeaderConfig.from_configmap_data(cm.get("data") or {})
-    log.info("requestheader CA from %s/%s, allowed names %s", AUTH_CONFIGMAP_NAMESPACE,
-             AUTH_CONFIGMAP_NAME, sorted(auth.allowed_names) or "(any)")
+    log.info(
+        "requestheader CA from %s/%s, allowed names %s",
+        AUTH_CONFIGMAP_NAMESPACE,
+        AUTH_CONFIGMAP_NAME,
+        sorted(auth.allowed_names) or "(any)",
+    )
     return auth
+
+
+def client_cert_auth(args: argparse.Namespace) -> ClientCertConfig | None:
+    if not args.client_ca_file:
+        return None
+    allowed = frozenset(n for n in (args.client_allowed_names or "").split(",") if n)
+    return ClientCertConfig.from_ca_file(args.client_ca_file, allowed)
 
 
 async def serve(args: argparse.Namespace) -> None:
     kube = await connect(args.kubeconfig)
+    runners: list[web.AppRunner] = []
     try:
-        auth = await load_auth(args, kube)
-        ctx = server_ssl_context(args.tls_cert_file, args.tls_private_key_file, auth)
-        app = make_app(auth, ModelFigures(kube), stale_after=args.stale_after_seconds)
-        runner = web.AppRunner(app, access_log=log if args.verbose else None)
-        await runner.setup()
-        site = web.TCPSite(runner, args.bind_address, args.secure_port, ssl_context=ctx)
-        await site.start()
-        log.info("serving %s on https://%s:%d", em.GROUP_VERSION, args.bind_address,
-                 args.secure_port)
+        figures = ModelFigures(kube)
+        listeners: list[tuple[Authenticator, int, str]] = [
+            (await load_auth(args, kube), args.secure_port, "front proxy")
+        ]
+        client_auth = client_cert_auth(args)
+        if client_auth is not None:
+            listeners.append((client_auth, args.client_ca_port, "client CA"))
+        for auth, port, what in listeners:
+            ctx = server_ssl_context(args.tls_cert_file, args.tls_private_key_file, auth)
+            app = make_app(auth, figures, stale_after=args.stale_after_seconds)
+            runner = web.AppRunner(app, access_log=log if args.verbose else None)
+            await runner.setup()
+            runners.append(runner)
+            await web.TCPSite(runner, args.bind_address, port, ssl_context=ctx).start()
+            log.info(
+                "serving %s on https://%s:%d (%s)", em.GROUP_VERSION, args.bind_address, port, what
+            )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
-        await runner.cleanup()
     finally:
+        for runner in runners:
+            await runner.cleanup()
         await kube.close()
 
 
@@ -226,25 +262,59 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bind-address", default="0.0.0.0")
     p.add_argument("--tls-cert-file", required=True, help="serving certificate (PEM)")
     p.add_argument("--tls-private-key-file", required=True, help="its key (PEM)")
-    p.add_argument("--requestheader-client-ca-file", default=None,
-                   help="CA of kube-apiserver's front-proxy client certificate; default: read "
-                        f"it from ConfigMap {AUTH_CONFIGMAP_NAMESPACE}/{AUTH_CONFIGMAP_NAME}")
-    p.add_argument("--requestheader-allowed-names", default=None,
-                   help="comma-separated CNs allowed with --requestheader-client-ca-file "
-                        "(default: any certificate of that CA)")
-    p.add_argument("--kubeconfig", default=None,
-                   help="default: in-cluster config, else $KUBECONFIG / ~/.kube/config")
-    p.add_argument("--stale-after-seconds", type=float, default=STALE_AFTER_SECONDS,
-                   help="a router silent this long is ignored; a model with no fresh router "
-                        "gets no value")
+    p.add_argument(
+        "--requestheader-client-ca-file",
+        default=None,
+        help="CA of kube-apiserver's front-proxy client certificate; default: read "
+        f"it from ConfigMap {AUTH_CONFIGMAP_NAMESPACE}/{AUTH_CONFIGMAP_NAME}",
+    )
+    p.add_argument(
+        "--requestheader-allowed-names",
+        default=None,
+        help="comma-separated CNs allowed with --requestheader-client-ca-file "
+        "(default: any certificate of that CA)",
+    )
+    p.add_argument(
+        "--client-ca-file",
+        default=None,
+        help="a CA whose client certificates authenticate by themselves (CN = user, "
+        "O = groups), served on --client-ca-port: for callers that reach the "
+        "adapter directly, like KEDA's metrics-api trigger",
+    )
+    p.add_argument(
+        "--client-ca-port", type=int, default=6444, help="HTTPS port for --client-ca-file clients"
+    )
+    p.add_argument(
+        "--client-allowed-names",
+        default=None,
+        help="comma-separated CNs accepted with --client-ca-file (default: any "
+        "certificate of that CA)",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="default: in-cluster config, else $KUBECONFIG / ~/.kube/config",
+    )
+    p.add_argument(
+        "--stale-after-seconds",
+        type=float,
+        default=STALE_AFTER_SECONDS,
+        help="a router silent this long is ignored; a model with no fresh router gets no value",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.client_ca_file and args.client_ca_port == args.secure_port:
+        # One port, one CA: see adapter_auth.py for why the two never share a listener.
+        p.error("--client-ca-port must differ from --secure-port")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     if not args.verbose:
         # kubernetes_asyncio and redis log every connection at DEBUG/INFO: noise here.
         logging.getLogger("kubernetes_asyncio").setLevel(logging.WARNING)

@@ -267,8 +267,14 @@ def test_all_options_render(all_objs: list[dict[str, Any]]) -> None:
             f"{naming.MODEL_LABEL}=llama"]
     ad = container(one(all_objs, "Deployment", "-adapter"))
     adapter_args = adapter_cli.parse_args(ad["args"])
-    assert adapter_args.requestheader_client_ca_file == "/var/run/keda-client-ca/ca.crt"
-    assert adapter_args.requestheader_allowed_names == "keda-operator"
+    # KEDA's client CA on a port of its own; the front proxy's CA stays kube-system's.
+    assert adapter_args.client_ca_file == "/var/run/keda-client-ca/ca.crt"
+    assert adapter_args.client_allowed_names == "keda-operator"
+    assert adapter_args.requestheader_client_ca_file is None
+    assert adapter_args.client_ca_port != adapter_args.secure_port
+    adapter_svc_ports = {p["name"]: p["port"]
+                         for p in one(all_objs, "Service", "-adapter")["spec"]["ports"]}
+    assert {urllib.parse.urlsplit(u).port for u in urls} == {adapter_svc_ports["client-ca"]}
     # ServiceMonitor: selects the router Services the operator renders, on their port.
     sm = one(all_objs, "ServiceMonitor")
     router_svc = render.router_service(sample_model())
