@@ -77,7 +77,7 @@ class RouterSpec(_Spec):
     image: str | None = None
     block_size: int = 16
     bytes_per_token: float = 4.0
-    load_bound: float = 0.25
+    load_bound: float = 0.5
     max_owners: int = 2
     ttl_seconds: int = 600
     kv_capacity_tokens: int = 0

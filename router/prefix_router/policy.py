@@ -18,6 +18,9 @@ import xxhash
 
 _xxh = xxhash.xxh3_64_intdigest
 
+# Tail ages this close to zero all count as "as hot as it gets" (a tail just touched).
+_HEAT_FLOOR_S = 0.5
+
 
 @dataclass(slots=True)
 class Candidate:
@@ -26,6 +29,7 @@ class Candidate:
     pending_prefill: float = 0.0  # prompt tokens dispatched whose prefill has not finished
     matched_blocks: int = 0  # leading prefix blocks the table says this backend holds
     occupancy: float = 0.0  # share of its KV capacity the table thinks is in use (0..1)
+    tail_age: float = math.inf  # seconds since its coldest cached block was used, if full
 
 
 @dataclass(slots=True)
@@ -59,11 +63,19 @@ def choose_prefix(
     load_cost_tokens: float,
     key: int,
     pending_weight: float = 1.0,
+    prompt_blocks: int = 0,
+    evict_weight: float = 0.0,
 ) -> Decision:
     if not cands:
         raise ValueError("no candidates")
     limit = load_limit(cands, eps)
     best_match = max(c.matched_blocks for c in cands)
+    # Eviction cost: the blocks a backend must newly cache push out its coldest ones, and
+    # those are worth more on a backend whose coldest block was used recently (it thrashes)
+    # than on one whose tail has sat unused for long. Heat is relative to the hottest tail
+    # among the candidates (1 there, 0 for a backend with room), so the cost is in tokens.
+    coldest_hot = min(c.tail_age for c in cands) if evict_weight else math.inf
+    evict = evict_weight * block_tokens if coldest_hot < math.inf else 0.0
 
     def rank(c: Candidate) -> tuple[float, float, float, int]:
         score = (
@@ -71,6 +83,9 @@ def choose_prefix(
             - pending_weight * c.pending_prefill
             - load_cost_tokens * c.inflight
         )
+        if evict and c.tail_age < math.inf:
+            heat = (coldest_hot + _HEAT_FLOOR_S) / (c.tail_age + _HEAT_FLOOR_S)
+            score -= evict * max(prompt_blocks - c.matched_blocks, 0) * heat
         # Ties: fewer in flight, then the emptier cache (a new prefix there evicts less that
         # is still wanted), then a hash of the prefix so ties spread instead of piling up.
         return (score, -c.inflight, -round(c.occupancy, 2), tiebreak(key, c.name))

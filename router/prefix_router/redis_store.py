@@ -157,6 +157,8 @@ GRACE_ITERATIONS = 4
 # the picture current when requests are rare.
 LOAD_PERIOD_S = 0.5
 FIGURES_PERIOD_S = 1.0
+# A working-set count older than this is not served (the router's /metrics): Redis is away.
+WS_STALE_S = 5.0
 
 
 def _hex(h: int) -> str:
@@ -230,6 +232,7 @@ class RedisStore:
         self.load_source = None  # set by the app: a LoadTracker
         self._window: deque[tuple[float, float, float]] = deque()
         self._ws_blocks = 0  # distinct blocks in the working-set window, as last counted
+        self._ws_counted_at: float | None = None  # time.monotonic() of that count
         self._published: dict[str, tuple[int, int]] | None = None  # load as last published
 
     def _new_recent(self) -> LocalStore:
@@ -487,6 +490,10 @@ class RedisStore:
         # hash of the prefix, which every router computes alike.
         return 0.0
 
+    def tail_age(self, model: str, backend: str) -> float:
+        # Same reason as occupancy: every router must place a new prefix alike.
+        return float("inf")
+
     def expire(self) -> int:
         self._recent.expire()
         return self._fallback.expire()
@@ -603,9 +610,19 @@ class RedisStore:
                 self.timer_round_trips += 1
                 self._take_remote_load(res[-2])
                 self._ws_blocks = res[-1]
+                self._ws_counted_at = time.monotonic()
             except (RedisError, OSError, ValueError, KeyError) as exc:
                 self._published = None
                 self._fail(exc)
+
+    @property
+    def working_set_tokens(self) -> int | None:
+        """The model's working set as last counted (the same union every router counts), or
+        None before the first count and once the last is older than WS_STALE_S."""
+        at = self._ws_counted_at
+        if at is None or time.monotonic() - at > WS_STALE_S:
+            return None
+        return self._ws_blocks * self._s.block_size
 
     def working_set_keys(self, now: float) -> list[str]:
         b = int(now // WS_BUCKET_S)

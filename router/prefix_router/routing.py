@@ -122,14 +122,16 @@ class Router:
         load = self.load
         if self._uses_table:
             matches = await self.store.lookup(parsed.model, hashes) if hashes else {}
-            occupancy = self.store.occupancy
+            store = self.store
+            model = parsed.model
             cands = [
                 Candidate(
                     b.url,
                     load.inflight(b.url),
                     load.pending_prefill(b.url),
                     matches.get(b.url, 0),
-                    occupancy(parsed.model, b.url),
+                    store.occupancy(model, b.url),
+                    store.tail_age(model, b.url),
                 )
                 for b in healthy
             ]
@@ -141,6 +143,8 @@ class Router:
                 load_cost_tokens=s.load_cost_tokens,
                 key=key,
                 pending_weight=s.pending_weight,
+                prompt_blocks=len(hashes),
+                evict_weight=s.evict_weight,
             )
             if self._warm and hashes:
                 now = time.monotonic()
@@ -160,13 +164,14 @@ class Router:
                 decision = choose_least_loaded(cands, self._rng)
             else:
                 key = chain_seed(canonical[:CHWBL_PREFIX_BYTES].decode(errors="replace"), None)
-                decision = choose_chwbl(cands, self._ring, key, s.load_bound)
+                decision = choose_chwbl(cands, self._ring, key, s.chwbl_load_bound)
         self.metrics.count_decision(s.policy, decision.reason)
         self.metrics.overhead.observe(time.perf_counter() - started)
         if s.log_decisions:
             log.info(
-                "route model=%s blocks=%d backend=%s reason=%s matched=%d loads=%s",
+                "route model=%s head=%016x blocks=%d backend=%s reason=%s matched=%d loads=%s",
                 parsed.model,
+                hashes[0] if hashes else 0,
                 len(hashes),
                 decision.backend,
                 decision.reason,

@@ -159,6 +159,21 @@ class OwnershipTable:
     def owned_tokens(self, backend: str) -> int:
         return self.owned_blocks(backend) * self._block_tokens
 
+    def tail_age(self, backend: str, now: float) -> float:
+        """Seconds since the least recently used block of a full backend was last used.
+
+        What a new prefix placed there would evict is about this cold: a backend whose tail is
+        young is thrashing. A backend with room left evicts nothing (infinity).
+        """
+        if not self._capacity_blocks:
+            return float("inf")
+        slot = self._slot.get(backend)
+        lru = self._lru[slot] if slot is not None else None
+        # "Full" a little early: a request adds its unique blocks on top of what it matched.
+        if not lru or len(lru) < self._capacity_blocks * 0.95:
+            return float("inf")
+        return max(now - next(iter(lru.values())), 0.0)
+
     def __len__(self) -> int:
         """(block, backend) ownership entries."""
         return self._entries

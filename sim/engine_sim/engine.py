@@ -51,6 +51,9 @@ class Counters:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     generation_tokens: int = 0
+    # Seconds from arrival to first token of each request since the last reset (for the
+    # benchmark: the engine's own TTFT beside the client's; bounded, oldest kept).
+    ttfts: list[float] = field(default_factory=list)
 
 
 class Engine:

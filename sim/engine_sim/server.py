@@ -19,6 +19,8 @@ from .tokenizer import count_tokens, token_ids_to_bytes, tokenize, tokenize_byte
 ENGINE: web.AppKey[Engine] = web.AppKey("engine", Engine)
 METRICS: web.AppKey[EngineMetrics] = web.AppKey("metrics", EngineMetrics)
 CONF: web.AppKey[dict] = web.AppKey("conf", dict)
+# TTFT samples /stats keeps between resets (a benchmark run's worth and then some).
+_MAX_TTFT_SAMPLES = 200_000
 
 
 class BadRequest(Exception):
@@ -339,6 +341,7 @@ async def stats(request: web.Request) -> web.Response:
             "running": len(e.running),
             "waiting": len(e.waiting),
             "kv_usage": e.cache.usage_fraction(),
+            "ttft_s": [round(t, 5) for t in c.ttfts],
             "cached_blocks": e.cache.cached_blocks(),
         }
     )
@@ -372,6 +375,9 @@ def build_app(
         m.admitted(r.prompt_tokens, r.cached_tokens)
         if r.first_token_at is not None:
             m.first_token(r.first_token_at - r.arrived)
+            ttfts = engine.counters.ttfts
+            if len(ttfts) < _MAX_TTFT_SAMPLES:
+                ttfts.append(r.first_token_at - r.arrived)
 
     def on_finish(r: Request) -> None:
         if not r.cancelled:

@@ -343,13 +343,13 @@ def test_spec_update_rolls_only_what_it_affects(cp: Any, ns: str, operator: Oper
 
     ms0, rt0, rd0 = generations()
     cp.kubectl("patch", "prm", "roll", "-n", ns, "--type=merge",
-               "-p", '{"spec": {"router": {"loadBound": 0.5}}}')
+               "-p", '{"spec": {"router": {"loadBound": 0.75}}}')
     wait_ready(cp, ns, "roll")
     ms1, rt1, rd1 = generations()
     assert (ms1, rd1) == (ms0, rd0), "a router setting must not roll model servers or Redis"
     assert rt1 > rt0
     cm = yaml.safe_load(get(cp, ns, "configmap", "roll-router")["data"]["router.yaml"])
-    assert cm["load_bound"] == 0.5
+    assert cm["load_bound"] == 0.75
 
     # the block size is shared: engine and router roll together, Redis does not
     cp.kubectl("patch", "prm", "roll", "-n", ns, "--type=merge",

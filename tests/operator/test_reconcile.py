@@ -120,7 +120,7 @@ async def test_a_spec_change_is_an_update_not_drift() -> None:
     kube, r, seen = setup()
     await r.reconcile("ml", "llama")
     model = kube.model()
-    model["spec"]["router"] = {"loadBound": 0.5}
+    model["spec"]["router"] = {"loadBound": 0.75}
     model["metadata"]["generation"] = 2
     seen.clear()
     await r.reconcile("ml", "llama")

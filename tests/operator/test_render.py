@@ -212,7 +212,7 @@ def test_external_store_password_and_no_managed_redis(cfg: OperatorConfig) -> No
 
 def test_router_config_change_rolls_only_the_router(cfg: OperatorConfig) -> None:
     a = by_ref(render_all(model(), cfg))
-    b = by_ref(render_all(model(router={"loadBound": 0.5}), cfg))
+    b = by_ref(render_all(model(router={"loadBound": 0.75}), cfg))
     ann = CONFIG_HASH_ANNOTATION
     assert a[("Deployment", "llama-router")]["spec"]["template"]["metadata"]["annotations"][ann] \
         != b[("Deployment", "llama-router")]["spec"]["template"]["metadata"]["annotations"][ann]

@@ -101,3 +101,38 @@ def test_chwbl_is_sticky_and_bounded():
     loaded = [Candidate(n, 5 if n == first else 0) for n in "abcd"]
     d = choose_chwbl(loaded, ring, key=12345, eps=0.25)
     assert d.backend != first and d.reason == "overflow"
+
+
+def test_a_miss_goes_where_it_evicts_the_coldest_blocks():
+    # Equal load, no owner: "hot" evicted a block used 1 s ago, "cold" one unused for 60 s,
+    # "roomy" has space left. The miss must not push out blocks still in use on "hot".
+    hot, cold = Candidate("hot", 2, 0, 0, tail_age=1.0), Candidate("cold", 2, 0, 0, tail_age=60.0)
+    d = choose_prefix(
+        [hot, cold], block_tokens=16, eps=0.5, load_cost_tokens=256, key=7,
+        prompt_blocks=125, evict_weight=1.0,
+    )
+    assert d.backend == "cold" and d.reason == "miss"
+    roomy = Candidate("roomy", 2, 0, 0)
+    d = choose_prefix(
+        [hot, cold, roomy], block_tokens=16, eps=0.5, load_cost_tokens=256, key=7,
+        prompt_blocks=125, evict_weight=1.0,
+    )
+    assert d.backend == "roomy"
+    # Without the eviction cost the tie falls to the hash, which picks "hot" for some key.
+    keys = {
+        choose_prefix([hot, cold], block_tokens=16, eps=0.5, load_cost_tokens=256, key=k).backend
+        for k in range(20)
+    }
+    assert keys == {"hot", "cold"}
+
+
+def test_eviction_cost_yields_to_load():
+    # The cold backend is much busier: 125 blocks x 16 tokens x (1 - 1.5/60.5) ~ 1,950 tokens
+    # of eviction saved is worth less than 10 requests x 256 tokens of load.
+    hot = Candidate("hot", 0, 0, 0, tail_age=1.0)
+    cold = Candidate("cold", 10, 0, 0, tail_age=60.0)
+    d = choose_prefix(
+        [hot, cold], block_tokens=16, eps=10, load_cost_tokens=256, key=7,
+        prompt_blocks=125, evict_weight=1.0,
+    )
+    assert d.backend == "hot"

@@ -86,3 +86,15 @@ def test_forget():
     t.forget(chain(3), "a")
     assert t.match(chain(3)) == {}
     assert len(t) == 0
+
+
+def test_tail_age_is_the_coldest_block_of_a_full_backend():
+    t = OwnershipTable(block_tokens=16, capacity_tokens=16 * 10)
+    t.record(chain(4), "a", now=0)
+    assert t.tail_age("a", now=50) == float("inf")  # room left: a new prefix evicts nothing
+    assert t.tail_age("nobody", now=50) == float("inf")
+    t.record(chain(6, base=100), "a", now=40)
+    assert t.tail_age("a", now=50) == 50  # full; its coldest block was used at 0
+    t.record(chain(4), "a", now=45)  # the old prefix is used again: now the tail is at 40
+    assert t.tail_age("a", now=50) == 10
+    assert OwnershipTable(block_tokens=16).tail_age("a", now=1) == float("inf")  # no capacity model
