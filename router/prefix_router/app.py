@@ -153,6 +153,7 @@ async def metrics(request: web.Request) -> web.Response:
     trips.labels("timer").set(getattr(router.store, "timer_round_trips", 0))
     router.metrics.store_slow_lookups.set(getattr(router.store, "slow_lookups", 0))
     router.metrics.store_budget.set(getattr(router.store, "budget_ms", 0.0) / 1000.0)
+    router.metrics.set_working_set(getattr(router.store, "working_set_tokens", None))
     return web.Response(
         body=generate_latest(router.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
     )

@@ -2,10 +2,37 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _TOKENS = (0, 16, 64, 256, 1024, 4096, 16384)
+
+
+class _WorkingSet(Collector):
+    """The model's working set in tokens, or no sample at all while it is unknown (no shared
+    store, not counted yet, or Redis away): an autoscaler must hold on a missing value, never
+    scale on a made-up or outdated one. A plain Gauge always has a sample."""
+
+    NAME = "prefix_router_working_set_tokens"
+
+    def __init__(self) -> None:
+        self.tokens: float | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        g = GaugeMetricFamily(
+            self.NAME,
+            "Tokens of the distinct prefix blocks the model's routers were asked for within the "
+            "working-set window (a HyperLogLog union in the shared store x block size): the "
+            "figure the metrics adapter serves as prefixrouter_working_set_tokens. The same "
+            "on every router of a model; absent while unknown.",
+        )
+        if self.tokens is not None:
+            g.add_metric([], self.tokens)
+        yield g
 
 
 class RouterMetrics:
@@ -98,6 +125,8 @@ class RouterMetrics:
             "lookups routed on local state because the shared store was over its budget",
             registry=r,
         )
+        self._working_set = _WorkingSet()
+        r.register(self._working_set)
         self._prompt_sum = 0.0
         self._pred_sum = 0.0
         self._children: dict[tuple[str, ...], object] = {}
@@ -118,6 +147,10 @@ class RouterMetrics:
 
     def set_inflight(self, backend: str, value: float) -> None:
         self._child(self.inflight, backend).set(value)
+
+    def set_working_set(self, tokens: float | None) -> None:
+        """None: unknown, and the series shows no sample until a count comes."""
+        self._working_set.tokens = tokens
 
     def observe_prediction(self, prompt_tokens: float, predicted: float) -> None:
         self.prompt_tokens.inc(prompt_tokens)

@@ -285,8 +285,17 @@ def test_all_options_render(all_objs: list[dict[str, Any]]) -> None:
     assert sm["spec"]["namespaceSelector"] == {"matchNames": namespaces}
     rules = yaml.safe_load(one(all_objs, "ConfigMap", "-prometheus-adapter-rules")["data"]
                            ["config.yaml"])
-    assert rules["externalRules"][0]["name"]["as"] == external_metrics.IN_FLIGHT_METRIC
-    assert "prefix_router_inflight" in rules["externalRules"][0]["seriesQuery"]
+    # prometheus-adapter serves both of our adapter's metrics, from series the routers export.
+    by_name = {r["name"]["as"]: r for r in rules["externalRules"]}
+    assert set(by_name) == set(external_metrics.METRICS)
+    exported = router_metric_names()
+    for metric, series, agg in ((external_metrics.IN_FLIGHT_METRIC, "prefix_router_inflight",
+                                 "sum("),
+                                (external_metrics.WORKING_SET_METRIC,
+                                 "prefix_router_working_set_tokens", "max(")):
+        rule = by_name[metric]
+        assert rule["seriesQuery"].startswith(series + "{") and series in exported
+        assert rule["metricsQuery"].startswith(agg)
     dashboard = json.loads(one(all_objs, "ConfigMap", "-dashboard")["data"]["prefix-router.json"])
     exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
     router_metrics = router_metric_names()
