@@ -35,6 +35,11 @@ def main(argv: list[str] | None = None) -> None:
     o.add_argument("--seconds", type=float, default=20)
     o.add_argument("--store", choices=("local", "redis"), default="local")
     o.add_argument("--json", dest="json_out")
+    from .overhead import add_arguments as overhead_all_arguments
+
+    overhead_all_arguments(
+        sub.add_parser("overhead-all", help="overhead of ours and of each anchor router")
+    )
     d = sub.add_parser("demo", help="system-prompts through prefix, round-robin, least-loaded")
     d.add_argument("--seconds", type=float, default=45)
     d.add_argument("--rate", type=float, default=None)
@@ -90,6 +95,10 @@ def main(argv: list[str] | None = None) -> None:
         from .overhead import measure
 
         write_json(asyncio.run(measure(args.rate, args.seconds, store=args.store)), args.json_out)
+    elif args.cmd == "overhead-all":
+        from .overhead import main_all
+
+        main_all(args)
     elif args.cmd == "demo":
         from .demo import demo
 
