@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import ssl
-import subprocess
 import sys
 import time
 import urllib.error
@@ -30,15 +29,14 @@ from typing import Any
 
 import pytest
 import redis
+from processes import MetricsAdapter, Operator
 from redis_process import running_redis
-from test_operator import Operator
 
 pytestmark = pytest.mark.k8s
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "prefixroutedmodel.yaml"
 GV = "external.metrics.k8s.io/v1beta1"
-APISERVICE = "v1beta1.external.metrics.k8s.io"
 SERVICE = "prefix-metrics-adapter"
 # Short, so that the test of the HPA holding on stale data is quick; the stale-data test
 # below writes timestamps far older than this.
@@ -100,77 +98,17 @@ def store() -> Iterator[redis.Redis]:
         client.close()
 
 
-class Adapter:
-    def __init__(self, cp: Any, work: Path) -> None:
-        from controlplane import free_port
-
-        self.cp = cp
-        self.port = free_port()
-        self.dns_name = cp.expose_local_service(SERVICE, "default", self.port)
-        self.cert = cp.issue_serving_cert(SERVICE, [self.dns_name, "localhost", "127.0.0.1"])
-        self.log_path = work / "adapter.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        exe = Path(sys.executable).parent / "prefix-metrics-adapter"
-        assert exe.exists(), f"{exe} missing: pip install -e . installs the command"
-        # No --requestheader-client-ca-file: the adapter reads the CA and the allowed names
-        # from the ConfigMap kube-apiserver publishes, as it does in a cluster.
-        cmd = [str(exe), "--secure-port", str(self.port), "--bind-address", "127.0.0.1",
-               "--tls-cert-file", str(self.cert[0]), "--tls-private-key-file", str(self.cert[1]),
-               "--kubeconfig", str(self.cp.kubeconfig),
-               "--stale-after-seconds", str(STALE_AFTER), "-v"]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-        self.cp.wait_for(self.healthy, 30, "the adapter's /healthz")
-
-    def healthy(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"the adapter exited ({self.proc.returncode}):\n{self.tail()}")
-        try:
-            status, _ = call(f"https://127.0.0.1:{self.port}/healthz", self.cp)
-            return status == 200
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-    def tail(self, lines: int = 60) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "<no log>"
-
-
 @pytest.fixture(scope="module")
 def adapter(cp: Any, tmp_path_factory: pytest.TempPathFactory,
-            request: pytest.FixtureRequest) -> Iterator[Adapter]:
-    a = Adapter(cp, tmp_path_factory.mktemp("adapter"))
+            request: pytest.FixtureRequest) -> Iterator[MetricsAdapter]:
+    a = MetricsAdapter(cp, tmp_path_factory.mktemp("adapter"), stale_after=STALE_AFTER,
+                       service=SERVICE)
     a.start()
-    cp.apply({
-        "apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
-        "metadata": {"name": APISERVICE},
-        "spec": {"group": "external.metrics.k8s.io", "version": "v1beta1",
-                 "service": {"namespace": "default", "name": SERVICE, "port": a.port},
-                 "caBundle": base64.b64encode(cp.ca_file.read_bytes()).decode(),
-                 "groupPriorityMinimum": 100, "versionPriority": 100},
-    })
     try:
-        cp.kubectl("wait", "--for=condition=Available", "--timeout=30s",
-                   f"apiservice/{APISERVICE}")
+        a.register()
         yield a
     finally:
-        cp.kubectl("delete", "apiservice", APISERVICE, "--ignore-not-found", check=False)
-        cp.kubectl("delete", "service", SERVICE, "-n", "default", "--ignore-not-found",
-                   check=False)
+        a.unregister()
         a.stop()
         if request.session.testsfailed:
             sys.stderr.write(f"\n--- adapter log ({a.log_path}) ---\n{a.tail()}\n")
@@ -238,7 +176,7 @@ def by_model(items: list[dict[str, Any]]) -> dict[str, str]:
 # --------------------------------------------------------------------------- the adapter
 
 
-def test_discovery_through_the_aggregator(cp: Any, adapter: Adapter) -> None:
+def test_discovery_through_the_aggregator(cp: Any, adapter: MetricsAdapter) -> None:
     resources = raw(cp, f"/apis/{GV}")
     assert resources["kind"] == "APIResourceList"
     assert sorted(r["name"] for r in resources["resources"]) == [
@@ -250,7 +188,7 @@ def test_discovery_through_the_aggregator(cp: Any, adapter: Adapter) -> None:
 
 
 def test_values_per_model_by_label_selector(cp: Any, ns: str, store: redis.Redis,
-                                            adapter: Adapter) -> None:
+                                            adapter: MetricsAdapter) -> None:
     prm(cp, ns, "alpha", store)
     prm(cp, ns, "beta", store)
     publish(store, ns, "alpha", {"r1": (30000, 3), "r2": (45000, 4)})
@@ -284,7 +222,7 @@ def test_values_per_model_by_label_selector(cp: Any, ns: str, store: redis.Redis
 
 def test_stale_missing_or_unreachable_figures_give_no_items(cp: Any, ns: str,
                                                             store: redis.Redis,
-                                                            adapter: Adapter) -> None:
+                                                            adapter: MetricsAdapter) -> None:
     prm(cp, ns, "stale", store)
     prm(cp, ns, "silent", store)  # no router ever published
     # A store that is not there: a closed port, the real failure (no mock).
@@ -301,7 +239,7 @@ def test_stale_missing_or_unreachable_figures_give_no_items(cp: Any, ns: str,
                            "prefixrouter.io/model=stale")) == {"stale": "2"}
 
 
-def test_only_the_front_proxy_gets_in(cp: Any, adapter: Adapter) -> None:
+def test_only_the_front_proxy_gets_in(cp: Any, adapter: MetricsAdapter) -> None:
     base = f"https://127.0.0.1:{adapter.port}"
     url = f"{base}/apis/{GV}/namespaces/default/prefixrouter_in_flight"
     # no client certificate
@@ -333,7 +271,7 @@ def test_only_the_front_proxy_gets_in(cp: Any, adapter: Adapter) -> None:
 
 
 def test_hpa_scales_the_model_on_our_metrics(cp: Any, hpa_ns: str, store: redis.Redis,
-                                             adapter: Adapter,
+                                             adapter: MetricsAdapter,
                                              tmp_path_factory: pytest.TempPathFactory,
                                              request: pytest.FixtureRequest) -> None:
     op = Operator(cp, hpa_ns, tmp_path_factory.mktemp("operator"))

@@ -14,12 +14,8 @@ import base64
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,78 +24,13 @@ from typing import Any
 import pytest
 import redis
 import yaml
+from processes import Operator
 from redis_process import running_redis
 
 pytestmark = pytest.mark.k8s
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "prefixroutedmodel.yaml"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Operator:
-    """`prefix-operator` as a process: start, kill (as a crash would), start again."""
-
-    def __init__(self, cp: Any, namespace: str, log_dir: Path) -> None:
-        self.cp = cp
-        self.namespace = namespace
-        self.log_dir = log_dir
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    @property
-    def log_path(self) -> Path:
-        return self.log_dir / f"operator-{self.starts}.log"
-
-    def start(self) -> None:
-        self.starts += 1
-        cmd = [sys.executable, "-m", "prefix_operator", "--standalone",
-               "--namespace", self.namespace,
-               "--liveness", f"http://127.0.0.1:{self.port}/healthz",
-               "--resync-seconds", "3", "--figures-seconds", "1",
-               "--cleanup-attempts", "2", "--cleanup-backoff-seconds", "1"]
-        env = {**self.cp.env(), "PREFIX_OPERATOR_STORE_TIMEOUT_SECONDS": "0.5",
-               "PREFIX_OPERATOR_RETRY_BACKOFF_SECONDS": "1"}
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         cwd=ROOT)
-        self.cp.wait_for(self.alive, 30, "the operator's liveness endpoint")
-
-    def alive(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"the operator exited ({self.proc.returncode}):\n{self.tail()}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz",
-                                        timeout=1) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def tail(self, lines: int = 60) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "<no log>"
 
 
 @pytest.fixture(scope="module")
