@@ -66,6 +66,15 @@ def main(argv: list[str] | None = None) -> None:
     from .compare import add_arguments as compare_arguments
 
     compare_arguments(sub.add_parser("compare", help="every router and anchor side by side"))
+    au = sub.add_parser("autoscale", help="cache pressure -> real HPA -> operator -> kwok pods")
+    au.add_argument("--rate", type=float, default=4.0, help="requests per second")
+    au.add_argument("--ramp-seconds", type=float, default=120.0)
+    au.add_argument("--hold-seconds", type=float, default=30.0)
+    au.add_argument("--stabilization-seconds", type=int, default=30)
+    au.add_argument("--max-replicas", type=int, default=6)
+    au.add_argument("--out", default="bench/results/autoscale")
+    au.add_argument("--report-only", action="store_true",
+                    help="rebuild summary, plot and README from the out dir's autoscale.json")
     args = p.parse_args(argv)
     try:
         import uvloop
@@ -140,6 +149,24 @@ def main(argv: list[str] | None = None) -> None:
         from .compare import main as compare_main
 
         compare_main(args)
+    elif args.cmd == "autoscale":
+        from pathlib import Path
+
+        from .autoscale import Settings, rebuild
+        from .autoscale import main as autoscale_main
+
+        if args.report_only:
+            r = rebuild(Path(args.out))
+        else:
+            r = autoscale_main(Settings(rate=args.rate, ramp_s=args.ramp_seconds,
+                                        hold_s=args.hold_seconds,
+                                        scale_down_stabilization_s=args.stabilization_seconds,
+                                        max_replicas=args.max_replicas), Path(args.out))
+        m = r["summary"]
+        print(f"peak cache pressure {m['peak_cache_pressure']}, max replicas "
+              f"{m['max_spec_replicas']}, first scale-up {m['seconds_to_first_scale_up']} s "
+              f"after the pressure went over target, back to min "
+              f"{m['seconds_load_stop_to_min']} s after the load stopped")
     else:  # pragma: no cover
         sys.exit(2)
 
