@@ -107,6 +107,9 @@ class RouterSettings(_Strict):
     # p99, imbalance 1.11): at 0.25 brief bursts on a hot prefix's owners made new copies of
     # it, each one 2,000 tokens of prefill and of KV space taken from colder prefixes.
     load_bound: float = Field(default=0.5, ge=0, le=10)
+    # An absolute floor under the bound: a backend may always hold mean + load_slack in flight.
+    # 0 (off) until measured side by side with the anchors (bench compare).
+    load_slack: float = Field(default=0.0, ge=0)
     # chwbl's own bound: KubeAI's default load factor of 1.25, so the baseline is KubeAI's.
     chwbl_load_bound: float = Field(default=0.25, ge=0, le=10)
     # Cost, in prefill tokens, of one request already in flight on a backend.

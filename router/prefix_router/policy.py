@@ -40,14 +40,18 @@ class Decision:
     order: list[str] = field(default_factory=list)  # fallbacks for retries, best first
 
 
-def load_limit(cands: Sequence[Candidate], eps: float) -> float:
+def load_limit(cands: Sequence[Candidate], eps: float, slack: float = 0.0) -> float:
     """Most in-flight requests a backend may hold after taking this one.
 
     ceil((1 + eps) * mean), the mean counting this request: the bound of consistent hashing
-    with bounded loads (Mirrokni et al.), which never excludes every backend.
+    with bounded loads (Mirrokni et al.), which never excludes every backend. `slack` is an
+    absolute floor above the mean (as the anchors' absolute imbalance threshold): at low load
+    a relative bound alone is a handful of requests, and copying a hot prefix costs more than
+    the few extra decoding sequences it would spare its owner.
     """
     total = sum(c.inflight for c in cands) + 1.0
-    return math.ceil((1.0 + eps) * total / len(cands))
+    mean = total / len(cands)
+    return max(math.ceil((1.0 + eps) * mean), math.ceil(mean + slack))
 
 
 def tiebreak(key: int, name: str) -> int:
@@ -65,10 +69,11 @@ def choose_prefix(
     pending_weight: float = 1.0,
     prompt_blocks: int = 0,
     evict_weight: float = 0.0,
+    load_slack: float = 0.0,
 ) -> Decision:
     if not cands:
         raise ValueError("no candidates")
-    limit = load_limit(cands, eps)
+    limit = load_limit(cands, eps, load_slack)
     best_match = max(c.matched_blocks for c in cands)
     # Eviction cost: the blocks a backend must newly cache push out its coldest ones, and
     # those are worth more on a backend whose coldest block was used recently (it thrashes)

@@ -145,6 +145,7 @@ class Router:
                 pending_weight=s.pending_weight,
                 prompt_blocks=len(hashes),
                 evict_weight=s.evict_weight,
+                load_slack=s.load_slack,
             )
             if self._warm and hashes:
                 now = time.monotonic()

@@ -1,3 +1,4 @@
+import math
 import random
 from collections import Counter
 
@@ -136,3 +137,12 @@ def test_eviction_cost_yields_to_load():
         prompt_blocks=125, evict_weight=1.0,
     )
     assert d.backend == "hot"
+
+
+def test_load_slack_is_an_absolute_floor_under_the_bound():
+    cands = [Candidate("a", 1), Candidate("b", 3), Candidate("c", 2)]
+    assert load_limit(cands, 0.25) == 3  # ceil(1.25 x 7/3)
+    assert load_limit(cands, 0.25, slack=4) == 7  # ceil(7/3 + 4)
+    # at high load the relative bound is the larger one
+    busy = [Candidate(n, 40) for n in "abc"]
+    assert load_limit(busy, 0.25, slack=4) == math.ceil(1.25 * 121 / 3)
