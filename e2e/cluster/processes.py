@@ -34,7 +34,8 @@ def _tail(path: Path, lines: int) -> str:
         return "<no log>"
 
 
-def _stop(proc: subprocess.Popen[bytes] | None, grace: float) -> None:
+def stop_process(proc: subprocess.Popen[bytes] | None, grace: float) -> None:
+    """SIGTERM, `grace` seconds to exit, then SIGKILL."""
     if proc is not None and proc.poll() is None:
         proc.terminate()
         try:
@@ -179,7 +180,7 @@ class MetricsAdapter:
                         "--ignore-not-found", check=False)
 
     def stop(self) -> None:
-        _stop(self.proc, 10)
+        stop_process(self.proc, 10)
 
     def tail(self, lines: int = 60) -> str:
         return _tail(self.log_path, lines)

@@ -76,3 +76,21 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         yield cp
     finally:
         cp.stop()
+
+
+_CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "prefixroutedmodel.yaml"
+
+
+@pytest.fixture(scope="module")
+def cp(control_plane: ControlPlane) -> ControlPlane:
+    """The control plane with the PrefixRoutedModel CRD applied and Established (a test module
+    that needs more, such as a skip on an existing cluster, defines its own `cp`)."""
+    control_plane.kubectl(
+        "apply", "--server-side", "--force-conflicts", "--field-manager=tests",
+        "-f", str(_CRD_PATH),
+    )  # fmt: skip
+    control_plane.kubectl(
+        "wait", "--for=condition=Established", "--timeout=30s",
+        "crd/prefixroutedmodels.prefixrouter.io",
+    )  # fmt: skip
+    return control_plane

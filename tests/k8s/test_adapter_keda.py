@@ -37,6 +37,7 @@ from typing import Any
 import pytest
 import redis
 import yaml
+from processes import stop_process
 from redis_process import running_redis
 
 # `helm` is test_chart's fixture (helm from hack/ensure-helm.sh).
@@ -47,7 +48,6 @@ from prefix_operator import adapter as adapter_cli
 pytestmark = pytest.mark.k8s
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD_PATH = ROOT / "crds" / "prefixroutedmodel.yaml"
 
 
 def free_port() -> int:
@@ -106,17 +106,6 @@ def test_keda_value_rule() -> None:
 # --------------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="module")
-def cp(control_plane: Any) -> Any:
-    control_plane.kubectl(
-        "apply", "--server-side", "--force-conflicts", "--field-manager=tests",
-        "-f", str(CRD_PATH),
-    )  # fmt: skip
-    control_plane.kubectl(
-        "wait", "--for=condition=Established", "--timeout=30s",
-        "crd/prefixroutedmodels.prefixrouter.io",
-    )  # fmt: skip
-    return control_plane
 
 
 @pytest.fixture(scope="module")
@@ -204,13 +193,7 @@ class AdapterProcess:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, 10)
 
 
 def swap(args: list[str], **flags: str) -> list[str]:

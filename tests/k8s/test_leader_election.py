@@ -28,7 +28,6 @@ import pytest
 pytestmark = pytest.mark.k8s
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD_PATH = ROOT / "crds" / "prefixroutedmodel.yaml"
 LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD = 6, 4.0, 1.0
 
 
@@ -89,17 +88,6 @@ class Candidate:
             self.proc.wait(10)
 
 
-@pytest.fixture(scope="module")
-def cp(control_plane: Any) -> Any:
-    control_plane.kubectl(
-        "apply", "--server-side", "--force-conflicts", "--field-manager=tests",
-        "-f", str(CRD_PATH),
-    )  # fmt: skip
-    control_plane.kubectl(
-        "wait", "--for=condition=Established", "--timeout=30s",
-        "crd/prefixroutedmodels.prefixrouter.io",
-    )  # fmt: skip
-    return control_plane
 
 
 @pytest.fixture
