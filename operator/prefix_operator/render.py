@@ -286,6 +286,8 @@ def router_settings(model: Model) -> dict[str, Any]:
         "block_size": r.block_size,
         "bytes_per_token": r.bytes_per_token,
         "load_bound": r.load_bound,
+        "load_slack": r.load_slack,
+        "load_cost_tokens": r.load_cost_tokens,
         "max_owners": r.max_owners,
         "ttl_seconds": r.ttl_seconds,
         "kv_capacity_tokens": r.kv_capacity_tokens,

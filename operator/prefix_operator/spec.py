@@ -78,6 +78,8 @@ class RouterSpec(_Spec):
     block_size: int = 16
     bytes_per_token: float = 4.0
     load_bound: float = 0.5
+    load_slack: float = 6.0
+    load_cost_tokens: float = 64.0
     max_owners: int = 2
     ttl_seconds: int = 600
     kv_capacity_tokens: int = 0

@@ -108,12 +108,17 @@ class RouterSettings(_Strict):
     # it, each one 2,000 tokens of prefill and of KV space taken from colder prefixes.
     load_bound: float = Field(default=0.5, ge=0, le=10)
     # An absolute floor under the bound: a backend may always hold mean + load_slack in flight.
-    # 0 (off) until measured side by side with the anchors (bench compare).
-    load_slack: float = Field(default=0.0, ge=0)
+    # 6 with load_cost_tokens 64 measured against 0 and 256 (bench/results/slack/): at low load
+    # the relative bound alone is a handful of requests, and each copy of a hot prefix cost
+    # more prefill and KV space than the few extra decoding sequences it spared its owner.
+    # 12 gained little more hit rate but pushed system-prompts imbalance to 1.29-1.43.
+    load_slack: float = Field(default=6.0, ge=0)
     # chwbl's own bound: KubeAI's default load factor of 1.25, so the baseline is KubeAI's.
     chwbl_load_bound: float = Field(default=0.25, ge=0, le=10)
-    # Cost, in prefill tokens, of one request already in flight on a backend.
-    load_cost_tokens: float = Field(default=256.0, ge=0)
+    # Cost, in prefill tokens, of one request already in flight on a backend. 64 measured
+    # better than 256 (bench/results/slack/): in the engines' batches an extra running
+    # sequence delays the others little, while moving a conversation re-prefills its history.
+    load_cost_tokens: float = Field(default=64.0, ge=0)
     # Weight of a backend's pending prefill tokens against the prefill tokens a match saves.
     # 0.5 measured better than 1.0 on system-prompts (hit 0.80 vs 0.79, same TTFT): a pending
     # prefill delays this request once, a miss also costs a new copy of the prefix.
