@@ -28,11 +28,14 @@ from .parsing import Kind, parse_request
 from .proxy import forward
 from .routing import Router
 from .store import LocalStore, TableStore
+from .upstream import UpstreamClient
 
 log = logging.getLogger("prefix_router")
 
 ROUTER: web.AppKey[Router] = web.AppKey("router", Router)
+# SESSION: health probes and other calls off the hot path; UPSTREAM: forwarding (proxy.py).
 SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey("session", aiohttp.ClientSession)
+UPSTREAM: web.AppKey[UpstreamClient] = web.AppKey("upstream", UpstreamClient)
 SETTINGS: web.AppKey[RouterSettings] = web.AppKey("settings", RouterSettings)
 
 
@@ -105,7 +108,7 @@ async def _completions(request: web.Request, kind: Kind) -> web.StreamResponse:
     salt = request.headers.get(s.salt_header) if s.salt_header else None
     parsed = parse_request(raw, kind, salt)
     plan = await router.plan(parsed)
-    return await forward(request, plan, raw, router, app[SESSION])
+    return await forward(request, plan, raw, router, app[UPSTREAM])
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -195,10 +198,14 @@ def build_app(
             skip_auto_headers=("User-Agent",),
         )
         app[SESSION] = session
+        upstream = UpstreamClient(settings.connect_timeout_s, settings.upstream_timeout_s)
+        app[UPSTREAM] = upstream
+        backends.on_gone(upstream.forget)
         await the_store.start()
         health = HealthLoop(
             settings.health, backends, router.load, the_store, router.metrics, session
         )
+
         def on_change(urls: Sequence[str]) -> None:
             added, _removed = backends.set_members(urls)
             router.joined(added)
@@ -212,6 +219,7 @@ def build_app(
             await health.stop()
             await the_discovery.stop()
             await the_store.close()
+            await upstream.close()
             await session.close()
 
     app.cleanup_ctx.append(lifecycle)

@@ -1,9 +1,10 @@
 """Forward one planned request upstream, retrying on the next candidate before the first byte.
 
-Streaming responses are passed through chunk by chunk as they arrive (no buffering on the way
-to the client; a copy is kept, bounded, to learn the answer afterwards). A client that goes
-away cancels this handler (the app runs with handler cancellation), which closes the upstream
-connection, which makes the engine abort the request.
+Upstream requests go through `UpstreamClient` (upstream.py), a lean keep-alive HTTP/1.1
+client, not aiohttp's. Streaming responses are passed through chunk by chunk as they arrive (no
+buffering on the way to the client; a copy is kept, bounded, to learn the answer afterwards).
+A client that goes away cancels this handler (the app runs with handler cancellation), which
+closes the upstream connection, which makes the engine abort the request.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from aiohttp import web
 from .errors import RequestError
 from .responses import read_json, read_sse
 from .routing import Plan, Router
+from .upstream import UpstreamClient, UpstreamError, UpstreamResponse
 
 log = logging.getLogger("prefix_router.proxy")
 
-# Request headers not to pass on (hop-by-hop, or recomputed by the client library).
+# Request headers not to pass on (hop-by-hop, or set by the upstream client: Host and
+# Content-Length).
 _DROP_REQUEST = frozenset(
     h.lower()
     for h in (
@@ -60,7 +63,7 @@ async def forward(
     plan: Plan,
     raw: bytes,
     router: Router,
-    session: aiohttp.ClientSession,
+    client: UpstreamClient,
 ) -> web.StreamResponse:
     s = router.settings
     tried: list[str] = []
@@ -78,7 +81,7 @@ async def forward(
             router.metrics.retries.inc()
         tried.append(backend)
         try:
-            return await _attempt(request, plan, raw, router, session, backend, headers, path)
+            return await _attempt(request, plan, raw, router, client, backend, headers, path)
         except _Retryable as exc:
             last_error = str(exc)
             log.warning("attempt on %s failed before the first byte: %s", backend, exc)
@@ -91,7 +94,7 @@ async def _attempt(
     plan: Plan,
     raw: bytes,
     router: Router,
-    session: aiohttp.ClientSession,
+    client: UpstreamClient,
     backend: str,
     headers: dict[str, str],
     path: str,
@@ -102,11 +105,11 @@ async def _attempt(
     first = False
     try:
         try:
-            upstream = await session.post(backend + path, data=raw, headers=headers)
+            upstream = await client.post(backend, path, raw, headers)
         except TimeoutError:
             metrics.count_request(backend, "timeout")
             raise _timeout(s.upstream_timeout_s) from None
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
+        except (UpstreamError, OSError) as exc:
             router.backends.report_failure(backend, f"connect: {exc!r}")
             metrics.count_request(backend, "connect_error")
             raise _Retryable(f"{type(exc).__name__}: {exc}") from None
@@ -123,7 +126,7 @@ async def _attempt(
             except TimeoutError:
                 metrics.count_request(backend, "timeout")
                 raise _timeout(s.upstream_timeout_s) from None
-            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            except UpstreamError as exc:
                 # Nothing was sent to the client yet, so another backend can still serve it.
                 router.backends.report_failure(backend, f"read: {exc!r}")
                 metrics.count_request(backend, "read_error")
@@ -149,7 +152,7 @@ async def _attempt(
         router.finished(backend)
 
 
-def _response_headers(upstream: aiohttp.ClientResponse, plan: Plan, backend: str) -> dict[str, str]:
+def _response_headers(upstream: UpstreamResponse, plan: Plan, backend: str) -> dict[str, str]:
     out = {k: upstream.headers[k] for k in _PASS_RESPONSE if k in upstream.headers}
     out["x-routed-to"] = backend
     out["x-route-reason"] = plan.decision.reason
@@ -160,21 +163,20 @@ async def _stream(
     request: web.Request,
     plan: Plan,
     router: Router,
-    upstream: aiohttp.ClientResponse,
+    upstream: UpstreamResponse,
     backend: str,
     prefill: float,
 ) -> web.StreamResponse:
     metrics = router.metrics
-    content = upstream.content
     s = router.settings
     # Wait for the first chunk before answering the client: until then a failure can still be
     # retried elsewhere.
     try:
-        chunk = await content.readany()
+        chunk = await upstream.readany()
     except TimeoutError:
         metrics.count_request(backend, "timeout")
         raise _timeout(s.upstream_timeout_s) from None
-    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+    except UpstreamError as exc:
         router.backends.report_failure(backend, f"stream: {exc!r}")
         metrics.count_request(backend, "read_error")
         raise _Retryable(f"{type(exc).__name__}: {exc}") from None
@@ -194,18 +196,20 @@ async def _stream(
     try:
         await resp.write(chunk)
         while True:
-            chunk = await content.readany()
+            chunk = await upstream.readany()
             if not chunk:
                 break
             await resp.write(chunk)
             if len(sniff) < _MAX_SNIFF:
                 sniff += chunk
-    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+    except (UpstreamError, TimeoutError) as exc:
         # Bytes already reached the client; the stream can only be ended, not retried.
         outcome = "stream_cut"
         router.backends.report_failure(backend, f"stream cut: {exc!r}")
         log.warning("stream from %s cut after the first byte: %r", backend, exc)
-    except asyncio.CancelledError:
+    except (asyncio.CancelledError, ConnectionResetError):
+        # The client went away (its handler cancelled, or a write to it failed): leaving
+        # `async with upstream` closes the upstream connection, so the engine aborts.
         metrics.count_request(backend, "client_gone")
         raise
     metrics.count_request(backend, outcome)
