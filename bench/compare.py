@@ -1026,6 +1026,16 @@ def mode_section(d: Path, mode: str) -> list[str]:
             "",
             *(
                 [
+                    f"The last run re-measured only {', '.join(run['routers'])} (`--routers`); "
+                    "every other router's rows are from an earlier run on the same request "
+                    "sequences (each JSON file's `measured_at`).",
+                    "",
+                ]
+                if set(run.get("routers", ROUTERS)) != set(ROUTERS)
+                else []
+            ),
+            *(
+                [
                     "A smoke of the harness, not a measurement: steps of a few seconds from a cold",
                     "fleet (tens of requests per point; p99 is the slowest one or two), too short",
                     "for a queue to build at the top rate. The full run's tables decide.",
