@@ -236,10 +236,13 @@ class _Connection(asyncio.Protocol):
         self.resp = None
         self.close()
 
-    def close(self) -> None:
+    def _stop_timer(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+
+    def close(self) -> None:
+        self._stop_timer()
         if not self.closed:
             self.closed = True
             if self.transport is not None:
@@ -290,9 +293,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self._stop_timer()
         self.pool.lost(self)
         resp = self.resp
         if resp is None:
@@ -340,9 +341,7 @@ class _Connection(asyncio.Protocol):
         resp = self.resp
         assert resp is not None
         self.resp = None
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self._stop_timer()
         resp._end()
         if self.parser.should_keep_alive() and not self.closed:
             self.pool.put(self)
