@@ -4,7 +4,7 @@ Why hand-written instead of aiohttp's ClientSession (which the health probes and
 call still use): CPU per request, measured by `python -m bench.upstream_cpu` (uvloop, one
 `engine-sim --profile zero`, 20,000 small non-streaming POST /v1/completions at concurrency 16,
 2-core host, 2026-12-03): as the client alone, aiohttp 111.9 us and this 48.5 us (57% less);
-the whole router process, server side included, 334-341 us with aiohttp forwarding and 197 us
+the whole router process, server side included, 335-385 us with aiohttp forwarding and 197 us
 with this one (-41%). aiohttp's client builds a yarl URL, a ClientResponse with its multidict,
 a timer per read and a StreamReader per request; forwarding needs none of it.
 `bench overhead` (500 req/s, 20 s), old and new alternating: max req/s 2,052 and 1,981 with
