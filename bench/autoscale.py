@@ -203,6 +203,18 @@ def scale_events(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return events
 
 
+def back_at_min(samples: list[dict[str, Any]], load_stop: float, min_replicas: int) -> bool:
+    """Two samples in a row after the load with everything at minReplicas."""
+    tail = [x for x in samples if x["t"] > load_stop][-2:]
+    return len(tail) == 2 and all(
+        x["spec_replicas"] == min_replicas
+        and x["ready_pods"] == min_replicas
+        and x["status_ready_replicas"] == min_replicas
+        and x["hpa_desired"] == min_replicas
+        for x in tail
+    )
+
+
 def summarize(samples: list[dict[str, Any]], s: Settings, load_start: float,
               load_stop: float) -> dict[str, Any]:
     """The run's numbers, from the samples alone."""
@@ -517,20 +529,14 @@ async def _run(s: Settings, cluster: Cluster, log_dir: Path) -> dict[str, Any]:
             x.update(derived(x, s))
             return x
 
-        def back_at_min() -> bool:
-            """Two samples in a row after the load with everything at minReplicas."""
-            tail = [x for x in samples if x["t"] > marks["load_stop"]][-2:]
-            return len(tail) == 2 and all(
-                x["spec_replicas"] == s.min_replicas and x["ready_pods"] == s.min_replicas
-                and x["status_ready_replicas"] == s.min_replicas
-                and x["hpa_desired"] == s.min_replicas for x in tail)
-
         async def sampler(stop: asyncio.Event) -> None:
             next_at = time.monotonic()
             while not stop.is_set():
                 x = await sample()
                 samples.append(x)
-                if "load_stop" in marks and back_at_min():
+                if "load_stop" in marks and back_at_min(
+                    samples, marks["load_stop"], s.min_replicas
+                ):
                     settled.set()
                 if len(samples) % 5 == 1:
                     print(f"  t={x['t']:6.1f}s ws={x['working_set_tokens']} "
