@@ -1,23 +1,11 @@
-"""Real processes on 127.0.0.1: engine simulators and routers, started per test."""
+"""Real processes on 127.0.0.1: engine simulators and routers, started per test (the `fleet`
+fixture is tests/conftest.py's)."""
 
 from __future__ import annotations
-
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
 from bench.fleet import Fleet
-
-
-@pytest.fixture
-async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
-    f = Fleet(tmp_path / "logs")
-    try:
-        yield f
-    finally:
-        await f.close()
-
 
 MODEL = "test-model"
 

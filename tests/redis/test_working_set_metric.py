@@ -15,7 +15,6 @@ import json
 import re
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -61,15 +60,6 @@ def settings(url: str, sims: list[str]) -> RouterSettings:
         "discovery": {"backends": sims},
         "store": {"mode": "redis", "url": url, "near_cache_ttl_ms": 0, "write_delay_ms": 0},
     })  # fmt: skip
-
-
-@pytest.fixture
-async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
-    f = Fleet(tmp_path / "logs")
-    try:
-        yield f
-    finally:
-        await f.close()
 
 
 @pytest.fixture
