@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from processes import stop_process  # e2e/cluster, on sys.path from conftest.py
 
 ROOT = Path(__file__).resolve().parents[2]
 RESOURCES = "/apis/external.metrics.k8s.io/v1beta1"
@@ -127,13 +128,7 @@ class AdapterProcess:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, 10)
 
 
 @pytest.fixture(scope="module")
