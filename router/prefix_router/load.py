@@ -9,7 +9,7 @@ from __future__ import annotations
 
 
 class LoadTracker:
-    __slots__ = ("_external", "_inflight", "_pending", "_remote", "_remote_pending")
+    __slots__ = ("_external", "_inflight", "_pending", "_remote", "_remote_pending", "version")
 
     def __init__(self) -> None:
         self._inflight: dict[str, int] = {}
@@ -19,18 +19,24 @@ class LoadTracker:
         # refreshed with every shared lookup and on a timer
         self._remote: dict[str, float] = {}
         self._remote_pending: dict[str, float] = {}
+        # bumped on every change of this router's own load, so a shared store can tell
+        # cheaply whether there is anything new to publish
+        self.version = 0
 
     def start(self, backend: str, prefill_tokens: float) -> None:
         self._inflight[backend] = self._inflight.get(backend, 0) + 1
         self._pending[backend] = self._pending.get(backend, 0.0) + prefill_tokens
+        self.version += 1
 
     def first_byte(self, backend: str, prefill_tokens: float) -> None:
         left = self._pending.get(backend, 0.0) - prefill_tokens
         self._pending[backend] = left if left > 1e-6 else 0.0
+        self.version += 1
 
     def finish(self, backend: str) -> None:
         n = self._inflight.get(backend, 0) - 1
         self._inflight[backend] = n if n > 0 else 0
+        self.version += 1
 
     def engine_report(self, backend: str, running_plus_waiting: float) -> None:
         # what the engine runs beyond what the routers we know of sent it

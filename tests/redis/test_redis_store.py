@@ -134,6 +134,73 @@ async def test_a_lookup_brings_the_other_routers_load_and_pending_prefill(redis_
         await b.close()
 
 
+async def test_a_change_of_load_is_published_at_once_without_the_queued_writes(
+    redis_server, monkeypatch
+):
+    # The heartbeat would republish the load too: pushed out of the test's window, so only
+    # the change-driven publish can carry it.
+    monkeypatch.setattr("prefix_router.redis_store.LOAD_PERIOD_S", 30.0)
+    a, b = await pair(redis_server.url, store={"write_delay_ms": 400})
+    la, lb = LoadTracker(), LoadTracker()
+    a.load_source, b.load_source = la, lb
+    try:
+        await settle()
+        a.record("m", [7, 8], "http://e1")
+        la.start("http://e1", 300)
+        await settle()
+        assert await b.lookup("m", [7, 8]) == {}  # the record still waits at A...
+        assert lb.inflight("http://e1") == 1  # ...but its load is already out
+        assert lb.pending_prefill("http://e1") == 300
+        la.finish("http://e1")
+        await settle()
+        await b.lookup("m", [5])
+        assert lb.inflight("http://e1") == 0
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_new_owner_goes_out_at_once_not_at_the_next_tick(redis_server):
+    a, b = await pair(redis_server.url, store={"write_delay_ms": 400})
+    try:
+        a.record("m", [41, 42], "http://e1")  # a hit's refresh: waits for a lookup
+        a.record("m", [51, 52], "http://e2", urgent=True)  # a new owner: flushed right away
+        assert a._flushing is not None  # started now, not at the 5 ms tick
+        await a._flushing
+        assert await b.lookup("m", [51, 52]) == {"http://e2": 2}
+        assert await b.lookup("m", [41, 42]) == {"http://e1": 2}  # queued writes went with it
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_occupancy_and_tail_age_come_from_the_shared_capacity_model(
+    redis_server, monkeypatch
+):
+    monkeypatch.setattr("prefix_router.redis_store.LOAD_PERIOD_S", 0.05)
+    a, b = await pair(redis_server.url)  # capacity: 50 blocks per backend
+    try:
+        await b.lookup("m", [999])  # B serves the model but never records for e1
+        a.record("m", list(range(1, 31)), "http://e1")  # 30 of 50 blocks: room left
+        await asyncio.sleep(0.2)
+        assert b.occupancy("m", "http://e1") == pytest.approx(0.6)
+        assert b.tail_age("m", "http://e1") == float("inf")
+        a.record("m", list(range(100, 130)), "http://e1")  # over capacity: full, trimmed
+        await asyncio.sleep(0.6)
+        assert b.occupancy("m", "http://e1") == pytest.approx(1.0)
+        age = b.tail_age("m", "http://e1")
+        assert 0.4 <= age < 3.0  # the coldest block left was used at the first record
+        assert a.tail_age("m", "http://e1") == pytest.approx(age, abs=0.2)  # alike for all
+        assert b.occupancy("m", "http://e2") == 0.0
+        a.drop_backend("http://e1")
+        await asyncio.sleep(0.2)
+        assert b.occupancy("m", "http://e1") == 0.0
+        assert b.tail_age("m", "http://e1") == float("inf")
+    finally:
+        await a.close()
+        await b.close()
+
+
 async def test_writes_ride_on_the_next_lookup_or_go_after_the_write_delay(redis_server):
     a, b = await pair(redis_server.url, store={"write_delay_ms": 400})
     try:
