@@ -21,6 +21,13 @@ p50/p90/p99 and e2e at the client (requests sent in the step), output tokens/s g
 the engines during the step, errors, requests unfinished when the run ended, imbalance of the
 requests the replicas admitted, and the engines' own mean TTFT.
 
+`--repeat N` runs every staircase N times, round after round (every router once per round, so
+a drift of the host falls on all of them alike), on the same request sequence (the same
+workload, cuts and Poisson seeds; the simulators' answers are a function of the prompt). The
+point's JSON then holds the median of each figure, `<name>_min` / `<name>_max` of the hit
+rate and TTFT p50/p90/p99, `repeats` and each repeat under `runs`; the verdicts call two
+routers tied on a figure when their [min, max] overlap. Without it (N = 1) nothing changes.
+
 Every request carries `X-Session-ID` (one id per session of the workload: a conversation in
 multi-turn, a request elsewhere), for every router: vllm-router's `consistent_hash` keys on it
 and otherwise pins all traffic on one worker (bench/results/anchors/NOTES.md). No other router
@@ -38,6 +45,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import statistics
 import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -125,6 +133,9 @@ class Plan:
     client_workloads: tuple[str, ...]
     limit_s: float
     seed: int = 7
+    # each (workload, router) staircase run this many times on the same request sequence;
+    # the step length stays the one fitted for 1 (points stay comparable), the budget grows
+    repeats: int = 1
 
     def points(self) -> list[tuple[str, str, float]]:
         """(workload, router, rate) of every point, in run order."""
@@ -158,18 +169,20 @@ class Budget:
 
 def budget(plan: Plan) -> Budget:
     """Seconds of wall time the plan takes, by the cost model above (the full router set's
-    setups are counted even when an anchor will be skipped: an upper bound)."""
+    setups are counted even when an anchor will be skipped: an upper bound). Repeats multiply
+    every staircase's setup, load, drain and settle; the fleets and the client runs are once."""
     n_w = len(plan.workloads)
+    n = plan.repeats
     steps = sum(len(plan.rates[w]) for w in plan.workloads)
     per_router_setup = sum(SETUP_S[r] for r in plan.routers)
     anchor_setup = max((SETUP_S[a] for a in ANCHOR_NAMES), default=0.0)
     client_run = CLIENT_OVERHEAD_S + plan.seconds
     return Budget(
         fleets=n_w * FLEET_S,
-        setups=n_w * per_router_setup,
-        load=steps * len(plan.routers) * plan.seconds,
-        drains=n_w * len(plan.routers) * plan.drain_s,
-        settles=n_w * len(plan.routers) * SETTLE_S,
+        setups=n * n_w * per_router_setup,
+        load=n * steps * len(plan.routers) * plan.seconds,
+        drains=n * n_w * len(plan.routers) * plan.drain_s,
+        settles=n * n_w * len(plan.routers) * SETTLE_S,
         clients=len(plan.client_workloads) * (2 * client_run + SETUP_S["prefix"] + anchor_setup),
         fixed=FIXED_S,
     )
@@ -219,16 +232,23 @@ def restrict(
 def budget_lines(plan: Plan) -> list[str]:
     b = budget(plan)
     steps = sum(len(plan.rates[w]) for w in plan.workloads)
+    stairs = len(plan.workloads) * len(plan.routers)
+    rep = f" x {plan.repeats} repeats" if plan.repeats > 1 else ""
     return [
         f"{len(plan.workloads)} workloads x {len(plan.routers)} routers = "
-        f"{len(plan.workloads) * len(plan.routers)} staircases; {steps} (workload, rate) steps "
-        f"x {len(plan.routers)} routers = {len(plan.points())} points x {plan.seconds:g} s = "
-        f"{b.load:.0f} s of load",
-        f"drains {len(plan.workloads) * len(plan.routers)} x {plan.drain_s:g} s = {b.drains:.0f} s"
+        f"{stairs} staircases{rep}; {steps} (workload, rate) steps "
+        f"x {len(plan.routers)} routers = {len(plan.points())} points{rep} x {plan.seconds:g} s "
+        f"= {b.load:.0f} s of load",
+        f"drains {stairs * plan.repeats} x {plan.drain_s:g} s = {b.drains:.0f} s"
         f"; settles {b.settles:.0f} s; router setups {b.setups:.0f} s; fleets {b.fleets:.0f} s",
         f"third-party client: {len(plan.client_workloads)} workloads x 2 routers x "
         f"({CLIENT_OVERHEAD_S:g} + {plan.seconds:g}) s + setups = {b.clients:.0f} s",
         f"total {b.total:.0f} s of a {plan.limit_s:g} s limit ({b.total / plan.limit_s:.0%})",
+        *(
+            [f"({plan.repeats} repeats of the step length fitted for one: over the limit)"]
+            if plan.repeats > 1 and b.total > plan.limit_s
+            else []
+        ),
     ]
 
 
@@ -311,6 +331,107 @@ def step_figures(
 
 
 # ----------------------------------------------------------------------------------------------
+# Repeats of one point (pure).
+
+# the figures whose spread over the repeats is kept (`<name>_min`, `<name>_max`) and judged
+SPREAD_FIGURES = ("engine_hit_rate", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms")
+
+
+def _median(vals: Sequence[float]) -> float | int:
+    m = statistics.median(vals)
+    if all(isinstance(v, int) for v in vals) and m == int(m):
+        return int(m)
+    return round(m, 4)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _merge(vals: Sequence[Any]) -> Any:
+    """One field over the repeats: numbers by their median (None when every repeat had none;
+    a repeat without one is left out), flags true only when true in every repeat, lists of
+    numbers element by element, lists of strings joined (first 3), anything else the first
+    repeat's."""
+    present = [v for v in vals if v is not None]
+    if not present:
+        return None
+    if all(_number(v) for v in present):
+        return _median(present)
+    if all(isinstance(v, bool) for v in present):
+        return all(present)
+    if all(isinstance(v, list) for v in present):
+        if all(isinstance(x, str) for v in present for x in v):
+            return sorted({x for v in present for x in v})[:3]
+        if len({len(v) for v in present}) == 1 and all(_number(x) for v in present for x in v):
+            return [_median(col) for col in zip(*present, strict=True)]
+    return vals[0]
+
+
+def aggregate(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The figures of one point over its repeats (`runs`, one figures dict each): the median
+    of each, `<name>_min` / `<name>_max` of SPREAD_FIGURES beside it. One repeat: itself."""
+    if len(runs) == 1:
+        return dict(runs[0])
+    out: dict[str, Any] = {}
+    for key in runs[0]:
+        vals = [r.get(key) for r in runs]
+        out[key] = _merge(vals)
+        if key in SPREAD_FIGURES:
+            present = [v for v in vals if v is not None]
+            out[f"{key}_min"] = min(present) if present else None
+            out[f"{key}_max"] = max(present) if present else None
+    return out
+
+
+def point_row(
+    head: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], command: str, machine: str
+) -> dict[str, Any]:
+    """One point's JSON: `head` (what was run), the figures aggregated over `runs` (each one
+    repeat's figures with its `repeat` and `measured_at`), the command and the machine; with
+    more than one repeat, `repeats` and the repeats themselves under `runs`."""
+    figs = [{k: v for k, v in r.items() if k not in ("repeat", "measured_at")} for r in runs]
+    row = {
+        **head,
+        **aggregate(figs),
+        "command": command,
+        "measured_at": runs[-1]["measured_at"],
+        "machine": machine,
+    }
+    if len(runs) > 1:
+        row["repeats"] = len(runs)
+        row["runs"] = [dict(r) for r in runs]
+    return row
+
+
+def spread(row: Mapping[str, Any], key: str) -> tuple[float, float] | None:
+    """[min, max] of `key` over the point's repeats ([v, v] for one repeat); None if none."""
+    v = row.get(key)
+    if v is None:
+        return None
+    lo, hi = row.get(f"{key}_min"), row.get(f"{key}_max")
+    return (v if lo is None else lo, v if hi is None else hi)
+
+
+def beats(a: Mapping[str, Any], b: Mapping[str, Any], key: str, high: bool) -> bool:
+    """`a` strictly better than `b` on `key`, outside both spreads (higher is better if
+    `high`). With one repeat each: a plain comparison."""
+    sa, sb = spread(a, key), spread(b, key)
+    if sa is None or sb is None:
+        return False
+    return sa[0] > sb[1] if high else sa[1] < sb[0]
+
+
+def tied(a: Mapping[str, Any], b: Mapping[str, Any], key: str) -> bool:
+    """The spreads of `a` and `b` on `key` overlap, and at least one is a spread (more than one
+    repeat): noise cannot tell them apart. Equal single values are not called a tie."""
+    if a.get("repeats", 1) <= 1 and b.get("repeats", 1) <= 1:
+        return False
+    sa, sb = spread(a, key), spread(b, key)
+    return sa is not None and sb is not None and sa[0] <= sb[1] and sb[0] <= sa[1]
+
+
+# ----------------------------------------------------------------------------------------------
 # Verdicts and tables (pure).
 
 
@@ -348,10 +469,30 @@ def _best(point: Sequence[Mapping[str, Any]], key: str, high: bool) -> tuple[str
     return pick(vals, key=lambda x: x[1])
 
 
+def _judge(
+    mine: Mapping[str, Any], others: Sequence[Mapping[str, Any]], key: str, high: bool
+) -> tuple[bool | None, str | None, list[str]]:
+    """`mine` against `others` on `key`: best (no other strictly better outside the spreads;
+    None when no other has the figure), the best of those that are strictly better (by median),
+    and the others tied with it (spreads overlap)."""
+    vals = [r for r in others if r.get(key) is not None]
+    if not vals:
+        return None, None, []
+    if mine.get(key) is None:
+        return False, _best(vals, key, high)[0], []
+    ties = [r["router"] for r in vals if tied(r, mine, key)]
+    beaters = [r for r in vals if beats(r, mine, key, high)]
+    if beaters:
+        return False, _best(beaters, key, high)[0], ties
+    return True, None, ties
+
+
 def verdict(point: Sequence[Mapping[str, Any]], ours: str = "prefix") -> dict[str, Any]:
     """Who is best at one (workload, rate): the best engine hit rate and the best TTFT p99 of
-    all routers, and whether `ours` beats every router that is not ours on both (a tie counts
-    as best). Only below saturation is it a pass or a fail."""
+    all routers (medians over the repeats), and whether `ours` is best against every router
+    that is not ours on both: no such router strictly better, outside the spreads of the
+    repeats (with one repeat: a tie counts as best). Routers whose spreads overlap ours are
+    named as tied. Only below saturation is it a pass or a fail."""
     mine = next((r for r in point if r["router"] == ours), None)
     others = [r for r in point if r["router"] not in OURS]
     out: dict[str, Any] = {
@@ -363,34 +504,37 @@ def verdict(point: Sequence[Mapping[str, Any]], ours: str = "prefix") -> dict[st
         "p99": None if mine is None else mine.get("ttft_p99_ms"),
         "best_hit_ok": None,
         "best_p99_ok": None,
+        "hit_ties": [],
+        "p99_ties": [],
     }
     if mine is None or not others:
         out["verdict"] = "-"
         return out
-    other_hit = _best(others, "engine_hit_rate", True)
-    other_p99 = _best(others, "ttft_p99_ms", False)
-    if other_hit is not None and mine.get("engine_hit_rate") is not None:
-        out["best_hit_ok"] = mine["engine_hit_rate"] >= other_hit[1]
-    if other_p99 is not None:
-        out["best_p99_ok"] = mine.get("ttft_p99_ms") is not None and (
-            mine["ttft_p99_ms"] <= other_p99[1]
-        )
+    out["best_hit_ok"], hit_by, out["hit_ties"] = _judge(mine, others, "engine_hit_rate", True)
+    out["best_p99_ok"], p99_by, out["p99_ties"] = _judge(mine, others, "ttft_p99_ms", False)
     if out["saturated"]:
         out["verdict"] = "past saturation"
-    elif out["best_hit_ok"] and out["best_p99_ok"]:
-        out["verdict"] = "best on both"
+        return out
+    if out["best_hit_ok"] and out["best_p99_ok"]:
+        text = "best on both"
     else:
         lost = []
         if not out["best_hit_ok"]:
-            lost.append(f"hit rate (best {other_hit[0] if other_hit else '-'})")
+            lost.append(f"hit rate (best {hit_by or '-'})")
         if not out["best_p99_ok"]:
-            lost.append(f"TTFT p99 (best {other_p99[0] if other_p99 else '-'})")
-        out["verdict"] = "NOT best: " + ", ".join(lost)
+            lost.append(f"TTFT p99 (best {p99_by or '-'})")
+        text = "NOT best: " + ", ".join(lost)
+    for name, ties in (("hit rate", out["hit_ties"]), ("TTFT p99", out["p99_ties"])):
+        if ties:
+            text += f"; {name} tied with {', '.join(ties)}"
+    out["verdict"] = text
     return out
 
 
 def unique_verdict(point: Sequence[Mapping[str, Any]], ours: str = "prefix") -> dict[str, Any]:
-    """`unique`: TTFT p50 of `ours` no worse than the best load balancer's by more than 5%."""
+    """`unique`: TTFT p50 of `ours` no worse than the best load balancer's by more than 5%
+    (medians over the repeats; when the spreads of the repeats allow either outcome, it says
+    so)."""
     mine = next((r for r in point if r["router"] == ours), None)
     lbs = [r for r in point if r["router"] in LOAD_BALANCERS]
     best = _best(lbs, "ttft_p50_ms", False)
@@ -406,9 +550,14 @@ def unique_verdict(point: Sequence[Mapping[str, Any]], ours: str = "prefix") -> 
         return out
     out["ratio"] = round(mine["ttft_p50_ms"] / best[1], 3)
     ok = out["ratio"] <= UNIQUE_TOLERANCE
-    out["verdict"] = ("met" if ok else "NOT met") + (
-        " (past saturation)" if out["saturated"] else ""
-    )
+    out["verdict"] = "met" if ok else "NOT met"
+    lb = next(r for r in lbs if r["router"] == best[0])
+    if mine.get("repeats", 1) > 1 or lb.get("repeats", 1) > 1:
+        (m_lo, m_hi), (b_lo, b_hi) = spread(mine, "ttft_p50_ms"), spread(lb, "ttft_p50_ms")
+        if b_lo and b_hi and m_lo / b_hi <= UNIQUE_TOLERANCE < m_hi / b_lo:
+            out["verdict"] += " (the spreads allow either)"
+    if out["saturated"]:
+        out["verdict"] += " (past saturation)"
     return out
 
 
@@ -445,6 +594,20 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+# the cells that show a point's spread over its repeats: median (min-max)
+SPREAD_CELLS = ("engine_hit_rate", "ttft_p50_ms", "ttft_p99_ms")
+
+
+def cell(row: Mapping[str, Any], key: str) -> Any:
+    """A table cell of `row`: its value, or for SPREAD_CELLS of a point with more than one
+    repeat, `median (min-max)`."""
+    v = row.get(key)
+    if v is None or key not in SPREAD_CELLS or row.get("repeats", 1) <= 1:
+        return v
+    lo, hi = spread(row, key) or (v, v)
+    return f"{_fmt(v)} ({_fmt(lo)}-{_fmt(hi)})"
+
+
 def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
@@ -476,8 +639,12 @@ def points_table(rows: Iterable[Mapping[str, Any]], workload: str) -> str:
     )
     return md_table(
         [c[1] for c in POINT_COLUMNS],
-        [[f"{r['rate']:g}", *(r.get(k) for k, _ in POINT_COLUMNS[1:])] for r in sel],
+        [[f"{r['rate']:g}", *(cell(r, k) for k, _ in POINT_COLUMNS[1:])] for r in sel],
     )
+
+
+def _row_of(point: Sequence[Mapping[str, Any]], router: str) -> Mapping[str, Any] | None:
+    return next((r for r in point if r["router"] == router), None)
 
 
 def verdict_table(rows: Sequence[Mapping[str, Any]], workload: str) -> str:
@@ -488,7 +655,9 @@ def verdict_table(rows: Sequence[Mapping[str, Any]], workload: str) -> str:
             pt = at_point(rows, workload, rate)
             for ours in OURS:
                 v = unique_verdict(pt, ours)
-                body.append([f"{rate:g}", ours, v["best_lb"], v["p50"], v["ratio"], v["verdict"]])
+                mine = _row_of(pt, ours)
+                p50 = cell(mine, "ttft_p50_ms") if mine else None
+                body.append([f"{rate:g}", ours, v["best_lb"], p50, v["ratio"], v["verdict"]])
         return md_table(
             ["rate", "ours", "best load balancer TTFT p50", "ours p50", "ratio", "<= 1.05"], body
         )
@@ -497,8 +666,17 @@ def verdict_table(rows: Sequence[Mapping[str, Any]], workload: str) -> str:
         pt = at_point(rows, workload, rate)
         for ours in OURS:
             v = verdict(pt, ours)
+            mine = _row_of(pt, ours) or {}
             body.append(
-                [f"{rate:g}", ours, v["best_hit"], v["hit"], v["best_p99"], v["p99"], v["verdict"]]
+                [
+                    f"{rate:g}",
+                    ours,
+                    v["best_hit"],
+                    cell(mine, "engine_hit_rate"),
+                    v["best_p99"],
+                    cell(mine, "ttft_p99_ms"),
+                    v["verdict"],
+                ]
             )
     return md_table(
         [
@@ -736,6 +914,8 @@ def router_info(router: str, ours_version: str) -> dict[str, Any]:
 
 def command(plan: Plan, workload: str | None = None, router: str | None = None) -> str:
     cmd = ".venv/bin/python -m bench compare" + (" --quick" if plan.mode == "quick" else "")
+    if plan.repeats > 1:
+        cmd += f" --repeat {plan.repeats}"
     if workload:
         cmd += f" --workloads {workload}"
     if router:
@@ -863,74 +1043,86 @@ async def run_plan(plan: Plan, out: Path) -> list[dict[str, str]]:
             # sessions for the staircase (a multi-turn session is ~6.5 requests; 7x is ample)
             need = sum(n for _, n in slices(1.0, rates, plan.seconds))
             wl = build(workload, need * (7 if workload == "multi-turn" else 1))
-            rows: list[dict] = []
+            active = []
             for router in plan.routers:
                 reason = skip_reason(router, have_redis)
                 if reason:
                     print(f"skip {router}: {reason}", flush=True)
                     skipped.append({"workload": workload, "name": router, "reason": reason})
-                    continue
-                print(
-                    f"== {workload}: {router}, rates {', '.join(f'{r:g}' for r in rates)} "
-                    f"req/s, {plan.seconds:g} s each (t={time.monotonic() - started:.0f}s)",
-                    flush=True,
-                )
-                try:
-                    procs = await start_router(fleet, router, sims, kv)
-                except RuntimeError as e:
-                    print(f"skip {router}: did not start: {str(e)[-300:]}", flush=True)
-                    skipped.append(
-                        {
-                            "workload": workload,
-                            "name": router,
-                            "reason": f"did not start: {str(e)[-300:]}",
-                        }
-                    )
-                    continue
-                try:
-                    clean = await settle(sims)
-                    figs = await staircase(
-                        sims,
-                        router_targets(router, procs),
-                        wl,
-                        rates,
-                        plan.seconds,
-                        plan.drain_s,
-                        plan.seed,
-                    )
-                finally:
-                    for p in procs:
-                        await fleet.stop(p)
-                info = router_info(router, ours_version)
-                for rate, fig in zip(rates, figs, strict=True):
-                    row = {
-                        "workload": workload,
-                        "router": router,
-                        **info,
-                        "rate": rate,
-                        "seconds": plan.seconds,
-                        "mode": plan.mode,
-                        "replicas": REPLICAS,
-                        "router_replicas": 3 if router == "prefix-3x-redis" else 1,
-                        "profile": PROFILE,
-                        "kv_capacity_tokens": kv,
-                        "seed": plan.seed,
-                        "session_header": SESSION_HEADER,
-                        **fig,
-                        "caches_emptied_before": clean,
-                        "command": command(plan, workload, router),
-                        "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                        "machine": machine,
-                    }
-                    rows.append(row)
-                    _write(out / f"{workload}-{router}-{rate:g}.json", row)
+                else:
+                    active.append(router)
+            # repeats outside the routers: a drift of the host falls on every router alike
+            runs: dict[tuple[str, float], list[dict]] = {}
+            points: dict[tuple[str, float], dict] = {}
+            for rep in range(1, plan.repeats + 1):
+                of = f" (repeat {rep}/{plan.repeats})" if plan.repeats > 1 else ""
+                for router in active:
                     print(
-                        f"   {rate:>5g} req/s hit {row['engine_hit_rate']:.3f} TTFT p50 "
-                        f"{row['ttft_p50_ms']} p99 {row['ttft_p99_ms']} ms, errors "
-                        f"{row['errors']}, unfinished {row['unfinished']}, imbalance "
-                        f"{row['imbalance']}",
+                        f"== {workload}: {router}{of}, rates {', '.join(f'{r:g}' for r in rates)}"
+                        f" req/s, {plan.seconds:g} s each (t={time.monotonic() - started:.0f}s)",
                         flush=True,
                     )
+                    try:
+                        procs = await start_router(fleet, router, sims, kv)
+                    except RuntimeError as e:
+                        why = f"did not start{of}: {str(e)[-300:]}"
+                        print(f"skip {router}: {why}", flush=True)
+                        skipped.append({"workload": workload, "name": router, "reason": why})
+                        continue
+                    try:
+                        clean = await settle(sims)
+                        figs = await staircase(
+                            sims,
+                            router_targets(router, procs),
+                            wl,
+                            rates,
+                            plan.seconds,
+                            plan.drain_s,
+                            plan.seed,
+                        )
+                    finally:
+                        for p in procs:
+                            await fleet.stop(p)
+                    info = router_info(router, ours_version)
+                    for rate, fig in zip(rates, figs, strict=True):
+                        head = {
+                            "workload": workload,
+                            "router": router,
+                            **info,
+                            "rate": rate,
+                            "seconds": plan.seconds,
+                            "mode": plan.mode,
+                            "replicas": REPLICAS,
+                            "router_replicas": 3 if router == "prefix-3x-redis" else 1,
+                            "profile": PROFILE,
+                            "kv_capacity_tokens": kv,
+                            "seed": plan.seed,
+                            "session_header": SESSION_HEADER,
+                        }
+                        one = {
+                            **({"repeat": rep} if plan.repeats > 1 else {}),
+                            **fig,
+                            "caches_emptied_before": clean,
+                            "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                        }
+                        runs.setdefault((router, rate), []).append(one)
+                        # written after every repeat: an interrupted run keeps what it measured
+                        row = point_row(
+                            head,
+                            runs[(router, rate)],
+                            command(plan, workload, router),
+                            machine,
+                        )
+                        points[(router, rate)] = row
+                        _write(out / f"{workload}-{router}-{rate:g}.json", row)
+                        print(
+                            f"   {rate:>5g} req/s hit {fig['engine_hit_rate']:.3f} TTFT p50 "
+                            f"{fig['ttft_p50_ms']} p99 {fig['ttft_p99_ms']} ms, errors "
+                            f"{fig['errors']}, unfinished {fig['unfinished']}, imbalance "
+                            f"{fig['imbalance']}",
+                            flush=True,
+                        )
+            rows = list(points.values())
             if workload in plan.client_workloads:
                 await run_clients(plan, fleet, sims, workload, kv, rows, out, log_dir, skipped)
     elapsed = time.monotonic() - started
@@ -944,6 +1136,7 @@ async def run_plan(plan: Plan, out: Path) -> list[dict[str, str]]:
             "rates": {w: list(plan.rates[w]) for w in plan.workloads},
             "seconds": plan.seconds,
             "drain_s": plan.drain_s,
+            **({"repeats": plan.repeats} if plan.repeats > 1 else {}),
             "budget": budget_lines(plan),
             "elapsed_s": round(elapsed, 1),
             "skipped": skipped,
@@ -1034,6 +1227,7 @@ def mode_section(d: Path, mode: str) -> list[str]:
                 if set(run.get("routers", ROUTERS)) != set(ROUTERS)
                 else []
             ),
+            *repeats_note(pts),
             *(
                 [
                     "A smoke of the harness, not a measurement: steps of a few seconds from a cold",
@@ -1086,6 +1280,21 @@ def mode_section(d: Path, mode: str) -> list[str]:
     return lines
 
 
+def repeats_note(pts: Iterable[Mapping[str, Any]]) -> list[str]:
+    """What the cells and verdicts mean when points were measured more than once."""
+    ns = sorted({r.get("repeats", 1) for r in pts} - {1})
+    if not ns:
+        return []
+    return [
+        f"Repeats (`--repeat`): a point with `repeats` in its JSON ({', '.join(map(str, ns))}"
+        ") ran its staircase that many times, every router once per round, on the same",
+        "request sequence; its hit rate and TTFT p50/p99 cells are median (min-max) over the",
+        "repeats, its other cells medians. A router is best on a figure when no other is",
+        "strictly better outside both spreads; routers whose spreads overlap are named as tied.",
+        "",
+    ]
+
+
 def write_readme(root: Path = RESULTS) -> Path:
     lines = [
         "# Side by side: ours, common policies and the anchor routers (issue 5)",
@@ -1136,12 +1345,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workloads", nargs="+", choices=WORKLOADS)
     p.add_argument("--routers", nargs="+", choices=ROUTERS)
     p.add_argument("--no-client", action="store_true", help="skip the third-party client")
+    p.add_argument(
+        "--repeat",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="run every staircase N times (round after round over the routers); the JSONs "
+        "hold medians, min/max and each repeat",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the plan and its budget")
     p.add_argument("--report", action="store_true", help="only rebuild the README")
 
 
+def _positive(v: str) -> int:
+    n = int(v)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{v}: at least 1")
+    return n
+
+
 def main(args: argparse.Namespace) -> None:
     plan = restrict(make_plan(args.quick), args.workloads, args.routers, not args.no_client)
+    plan = dataclasses.replace(plan, repeats=getattr(args, "repeat", 1))
     for line in budget_lines(plan):
         print(line)
     if args.dry_run:
