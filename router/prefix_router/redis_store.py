@@ -19,9 +19,11 @@ keys carry block hashes in hex, never prompt text):
                                 (prompt_tokens, cached_tokens, working_set_tokens, in_flight,
                                 updated_at), as operator/prefix_operator/figures.py reads them
 Round trips: a lookup is one EVALSHA for the whole chain, and its reply also carries the other
-routers' load; writes are queued and flushed as one pipeline every few milliseconds, and each
-flush republishes this router's load if it changed; a heartbeat timer keeps the load fresh
-when no requests come, and figures go out on a timer, never per request.
+routers' load; writes are queued and ride on the next lookup (or go after the write delay),
+except a new owner, which is flushed at once; a change of this router's own load goes out at
+the next 5 ms tick by itself (a request's prefill is ~100 ms, so a load older than a few ms
+misleads the others). A heartbeat timer keeps the load fresh when no requests come and reads
+the shared capacity model (occupancy and tail age per backend); figures go out on a timer.
 The scripts touch keys they compute from a prefix, so this store needs a single Redis (or a
 cluster with every key of a model in one hash slot), not a sharded cluster.
 
