@@ -1227,6 +1227,17 @@ def mode_section(d: Path, mode: str) -> list[str]:
                 if set(run.get("routers", ROUTERS)) != set(ROUTERS)
                 else []
             ),
+            *(
+                [
+                    f"The last run measured only {', '.join(run['workloads'])} (`--workloads`); "
+                    "the other workloads' tables are from earlier runs (each section says when "
+                    "and how often).",
+                    "",
+                ]
+                if set(run.get("workloads", WORKLOADS))
+                != set(QUICK_WORKLOADS if mode == "quick" else WORKLOADS)
+                else []
+            ),
             *repeats_note(pts),
             *(
                 [
@@ -1258,6 +1269,8 @@ def mode_section(d: Path, mode: str) -> list[str]:
             "",
             f"![{w}]({mode}/{png})",
             "",
+            provenance(sel),
+            "",
             points_table(sel, w),
             "",
             "Who is best at each rate (engine hit rate highest, TTFT p99 lowest):"
@@ -1278,6 +1291,15 @@ def mode_section(d: Path, mode: str) -> list[str]:
                 "",
             ]
     return lines
+
+
+def provenance(pts: Sequence[Mapping[str, Any]]) -> str:
+    """When a workload's points were measured and how many times each, from their JSON."""
+    stamps = sorted({str(r.get("measured_at", "?")) for r in pts})
+    when = stamps[0] if len(stamps) == 1 else f"{stamps[0]} to {stamps[-1]}"
+    ns = sorted({int(r.get("repeats", 1)) for r in pts})
+    times = " or ".join(map(str, ns))
+    return f"Measured {when}; each point {times} time{'s' if ns != [1] else ''} (`--repeat`)."
 
 
 def repeats_note(pts: Iterable[Mapping[str, Any]]) -> list[str]:

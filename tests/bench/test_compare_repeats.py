@@ -377,3 +377,18 @@ def test_repeat_argument(capsys: pytest.CaptureFixture[str]) -> None:
     assert "x 2 repeats" in out
     with pytest.raises(SystemExit):
         p.parse_args(["--repeat", "0"])
+
+
+def test_provenance_names_the_span_and_the_repeats() -> None:
+    one = compare.provenance([{"measured_at": "2026-12-03 18:51 UTC", "repeats": 3}])
+    assert one == "Measured 2026-12-03 18:51 UTC; each point 3 times (`--repeat`)."
+    mixed = compare.provenance(
+        [
+            {"measured_at": "2026-12-03 19:00 UTC"},
+            {"measured_at": "2026-12-03 13:42 UTC", "repeats": 3},
+        ]
+    )
+    assert mixed == (
+        "Measured 2026-12-03 13:42 UTC to 2026-12-03 19:00 UTC; each point 1 or 3 times "
+        "(`--repeat`)."
+    )
