@@ -496,15 +496,25 @@ def _print_row(r: dict[str, Any]) -> None:
     )
 
 
-def _main(argv: list[str] | None = None) -> None:
+def parse_names(argv: list[str] | None = None) -> list[str]:
+    """The packages to install: those named, or every one when none is."""
     import argparse
 
     p = argparse.ArgumentParser(
         prog="python -m bench.anchors", description="install anchors into cached venvs"
     )
-    p.add_argument("names", nargs="*", default=list(PACKAGES), choices=sorted(PACKAGES))
-    args = p.parse_args(argv)
-    for n in args.names:
+    # Checked by hand, not with `choices`: Python 3.11's argparse checks an empty `nargs="*"`
+    # positional against `choices` as one value, so a bare `python -m bench.anchors` failed.
+    p.add_argument("names", nargs="*", metavar="name", help=", ".join(sorted(PACKAGES)))
+    names = p.parse_args(argv).names
+    bad = [n for n in names if n not in PACKAGES]
+    if bad:
+        p.error(f"unknown {', '.join(bad)} (choose from {', '.join(sorted(PACKAGES))})")
+    return names or list(PACKAGES)
+
+
+def _main(argv: list[str] | None = None) -> None:
+    for n in parse_names(argv):
         print(n, install(n))
 
 

@@ -222,3 +222,12 @@ def test_local_tokenizer_counts_like_the_simulator(tmp_path: Path):
         env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
     ).stdout.split()[-1]
     assert int(n) == count_tokens(text.encode())
+
+
+def test_parse_names_defaults_to_every_package_and_checks_names() -> None:
+    from bench.anchors import PACKAGES, parse_names
+
+    assert parse_names([]) == list(PACKAGES)
+    assert parse_names(["vllm-router"]) == ["vllm-router"]
+    with pytest.raises(SystemExit):
+        parse_names(["no-such-router"])

@@ -41,11 +41,14 @@ async def settle() -> None:
 async def test_one_router_sees_what_another_wrote_in_one_round_trip(redis_server):
     # A budget far above any lookup time: this test counts round trips, and on a loaded host a
     # lookup over the usual 20 ms budget would be answered from local state (seen once in a
-    # run beside benchmarks); the budget itself is tested below.
-    a, b = await pair(redis_server.url, store={"timeout_ms": 1000})
+    # run beside benchmarks); the budget itself is tested below. A long write delay too: the
+    # lookup queues its hashes for the working-set count, and with no delay a reply slower
+    # than the 5 ms flush tick let the tick send them as a second round trip (seen in CI). A
+    # new owner (`urgent`) is flushed at once whatever the delay, so `a`'s record arrives.
+    a, b = await pair(redis_server.url, store={"timeout_ms": 1000, "write_delay_ms": 10_000})
     try:
         chain = list(range(1, 21))
-        a.record("m", chain, "http://e1")
+        a.record("m", chain, "http://e1", urgent=True)
         await settle()
         before = b.round_trips
         assert await b.lookup("m", chain) == {"http://e1": 20}
