@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> None:
     s = sub.add_parser("suite", help="the committed results of bench/results")
     s.add_argument("--quick", action="store_true")
     s.add_argument("--only", choices=("routing", "sweep", "overhead"))
+    s.add_argument("--repeat", type=int, default=3,
+                   help="runs of each routing pair (medians and spreads are reported)")
     f = sub.add_parser("fault", help="kill redis-server mid-run under 3 routers; plot recovery")
     f.add_argument("--rate", type=float, default=24.0)
     f.add_argument("--seconds", type=float, default=120.0)
@@ -115,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.cmd == "suite":
         from .suite import suite
 
-        suite(quick=args.quick, only=args.only)
+        suite(quick=args.quick, only=args.only, repeat=1 if args.quick else args.repeat)
     elif args.cmd == "fault":
         from .fault import main as fault_main
 
