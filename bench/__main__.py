@@ -60,6 +60,16 @@ def main(argv: list[str] | None = None) -> None:
     ss.add_argument("--rate", type=float, default=24.0)
     ss.add_argument("--seconds", type=float, default=60.0)
     sub.add_parser("report", help="rebuild bench/results/README.md from the JSON files")
+    from .compare import ROUTERS as CHECK_ROUTERS
+
+    cc = sub.add_parser("client-check",
+                        help="the same requests from our load generator and inference-perf")
+    cc.add_argument("--workload", default="system-prompts",
+                    choices=[w for w in WORKLOADS if w != "multi-turn"])
+    cc.add_argument("--routers", nargs="+", default=["prefix", "round-robin"],
+                    choices=CHECK_ROUTERS)
+    cc.add_argument("--rate", type=float, default=8.0)
+    cc.add_argument("--requests", type=int, default=240)
     a = sub.add_parser("anchors-smoke", help="anchor routers, then third-party clients")
     a.add_argument("--sims", type=int, default=3)
     a.add_argument("--rate", type=float, default=5.0)
@@ -118,6 +128,12 @@ def main(argv: list[str] | None = None) -> None:
         from .suite import suite
 
         suite(quick=args.quick, only=args.only, repeat=1 if args.quick else args.repeat)
+    elif args.cmd == "client-check":
+        from .client_check import main as client_check_main
+
+        r = client_check_main(args.workload, args.routers, args.rate, args.requests)
+        for router, v in r["verdicts"].items():
+            print(f"{router}: {v}")
     elif args.cmd == "fault":
         from .fault import main as fault_main
 

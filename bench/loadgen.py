@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from engine_sim.chat import render_chat
+
 from .workloads import Session, Workload, messages_for
 
 
@@ -42,6 +44,14 @@ class RunLog:
     finished: float = 0.0
 
 
+def _delta_content(choice: dict) -> str | None:
+    return (choice.get("delta") or {}).get("content")
+
+
+def _text(choice: dict) -> str | None:
+    return choice.get("text")
+
+
 async def _one(
     session_http: aiohttp.ClientSession,
     url: str,
@@ -50,15 +60,23 @@ async def _one(
     max_tokens: int,
     timeout: float,
     headers: dict[str, str] | None = None,
+    api: str = "chat",
 ) -> tuple[Result, str]:
-    body = {
+    body: dict[str, object] = {
         "model": model,
-        "messages": msgs,
         "max_tokens": max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
         "temperature": 0,
     }
+    if api == "chat":
+        body["messages"] = msgs
+        path, field_of = "/v1/chat/completions", _delta_content
+    else:
+        # The prompt the simulator's chat template makes of these messages: the engine sees
+        # the same bytes either way, so a completions run is the same work as a chat run.
+        body["prompt"] = render_chat(msgs)
+        path, field_of = "/v1/completions", _text
     t0 = time.perf_counter()
     ttft = None
     parts: list[str] = []
@@ -67,7 +85,7 @@ async def _one(
     status = 0
     try:
         async with session_http.post(
-            url + "/v1/chat/completions",
+            url + path,
             json=body,
             headers=headers,
             timeout=aiohttp.ClientTimeout(total=timeout),
@@ -92,7 +110,7 @@ async def _one(
                 if ttft is None:
                     obj = json.loads(data)
                     for ch in obj.get("choices") or ():
-                        if (ch.get("delta") or {}).get("content"):
+                        if field_of(ch):
                             ttft = time.perf_counter() - t0
                 raw.append(data)
             e2e = time.perf_counter() - t0
@@ -101,7 +119,7 @@ async def _one(
                 if obj.get("usage"):
                     usage = obj["usage"]
                 for ch in obj.get("choices") or ():
-                    piece = (ch.get("delta") or {}).get("content")
+                    piece = field_of(ch)
                     if piece:
                         parts.append(piece)
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
@@ -143,13 +161,15 @@ async def run_load(
     progress: bool = True,
     session_header: str | None = None,
     session_id_offset: int = 0,
+    api: str = "chat",
 ) -> RunLog:
     """Send `workload` at `rate` requests/s for `seconds`; targets are used round-robin per
     request, as a Kubernetes Service spreads connections over router replicas.
 
     With `session_header` (e.g. "X-Session-ID"), every request of a session carries that header
     with one id per Session (`session_id_offset` + its index): all turns of a conversation share
-    it; each single-turn session has its own. Off by default."""
+    it; each single-turn session has its own. Off by default. `api` "completions" sends each
+    request's messages as the prompt the simulator's chat template makes of them."""
     rng = random.Random(seed)
     log = RunLog()
     avg_turns = sum(len(s.turns) for s in workload.sessions) / max(1, len(workload.sessions))
@@ -168,7 +188,7 @@ async def run_load(
                 rr += 1
                 log.sent.append(msgs)
                 res, answer = await _one(
-                    http, target, model, msgs, turn.max_tokens, request_timeout, hdrs
+                    http, target, model, msgs, turn.max_tokens, request_timeout, hdrs, api
                 )
                 res.session, res.turn = idx, t
                 log.results.append(res)

@@ -179,6 +179,49 @@ async def _run_client(
             raise RuntimeError(f"{args[0]} did not finish in {timeout}s; see {log_path}") from None
 
 
+# ----------------------------------------------------------------------------------------------
+# inference-perf on OUR request sequence: its `shareGPT` data type reads a local JSON file of
+# conversations and, with `api: completion`, sends each entry's first turn as the prompt and asks
+# for as many tokens as its tokenizer counts in the second turn, in file order. Read in its 0.7.0
+# source (inference_perf/datagen/dataset/hf_sharegpt_datagen.py): the generator throws away the
+# first record when it starts, so the file begins with a placeholder; the list wraps around when
+# it runs out, so the run asks for exactly as many requests as the file holds (rate x duration
+# with num_workers >= 1 sends exactly int(rate x duration)).
+
+SHAREGPT_PLACEHOLDER = {
+    "conversations": [{"from": "human", "value": "placeholder"}, {"from": "gpt", "value": "abcd"}]
+}
+
+
+def sharegpt_records(prompts: list[tuple[str, int]]) -> list[dict[str, Any]]:
+    """The shareGPT file's records for (prompt, max_tokens) pairs, placeholder first. An answer
+    of n tokens is "abcd" n times: with the local tokenizer (one token per 4 characters, no
+    special tokens added) the client counts exactly n."""
+    out: list[dict[str, Any]] = [SHAREGPT_PLACEHOLDER]
+    for prompt, max_tokens in prompts:
+        if max_tokens < 1:
+            raise ValueError("max_tokens must be at least 1")
+        out.append({"conversations": [{"from": "human", "value": prompt},
+                                      {"from": "gpt", "value": "abcd" * max_tokens}]})
+    return out
+
+
+def inference_perf_file_config(
+    base_url: str, model: str, data_path: Path, rate: float, seconds: int, tokenizer_dir: Path,
+    out_dir: Path, seed: int = 7,
+) -> dict[str, Any]:
+    """inference-perf's config for the requests in `data_path` (a shareGPT file): streaming
+    completions, Poisson arrivals at `rate` for `seconds` (rate x seconds = the file's
+    requests)."""
+    cfg = inference_perf_config(base_url, model, SharedPrefixLoad(rate=rate, seconds=seconds,
+                                                                  seed=seed),
+                                tokenizer_dir, out_dir)
+    cfg["data"] = {"type": "shareGPT", "path": str(data_path)}
+    # room for every request at once: a slow server must not hold back the arrivals
+    cfg["load"]["worker_max_concurrency"] = 10_000
+    return cfg
+
+
 def _prepare(
     base_url: str, model: str, load: SharedPrefixLoad, out_dir: Path
 ) -> tuple[Path, Path, Path, Path]:
@@ -188,6 +231,24 @@ def _prepare(
     reports = out_dir / "reports"
     cfg_path = out_dir / "config.yml"
     cfg_path.write_text(yaml.safe_dump(inference_perf_config(base_url, model, load, tok, reports)))
+    return out_dir, cfg_path, reports, out_dir / "inference-perf.log"
+
+
+def _prepare_file(
+    base_url: str, model: str, prompts: list[tuple[str, int]], rate: float, out_dir: Path
+) -> tuple[Path, Path, Path, Path]:
+    out_dir = out_dir.absolute()
+    tok = build_tokenizer("inference-perf")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    seconds = round(len(prompts) / rate)
+    if seconds < 1 or abs(seconds * rate - len(prompts)) > 1e-9:
+        raise ValueError(f"{len(prompts)} requests at {rate:g} req/s is not a whole second count")
+    data = out_dir / "requests.json"  # the name must end in .json (its loader's rule)
+    data.write_text(json.dumps(sharegpt_records(prompts)))
+    reports = out_dir / "reports"
+    cfg_path = out_dir / "config.yml"
+    cfg = inference_perf_file_config(base_url, model, data, rate, seconds, tok, reports)
+    cfg_path.write_text(yaml.safe_dump(cfg))
     return out_dir, cfg_path, reports, out_dir / "inference-perf.log"
 
 
@@ -208,13 +269,47 @@ async def run_inference_perf(
     timeout: float = 600.0,
 ) -> dict[str, Any]:
     """One inference-perf run against `base_url`; its parsed summary (raises on failure)."""
-    pkg = PACKAGES["inference-perf"]
+    _installed("inference-perf")
+    prepared = _prepare(base_url, model, load, out_dir)
+    result = await _run_inference_perf(prepared, timeout)
+    result["rate"] = load.rate
+    result["seconds"] = load.seconds
+    return result
+
+
+async def run_inference_perf_file(
+    base_url: str,
+    model: str,
+    prompts: list[tuple[str, int]],
+    rate: float,
+    out_dir: Path,
+    *,
+    timeout: float = 600.0,
+) -> dict[str, Any]:
+    """inference-perf sending exactly `prompts` ((prompt, max_tokens), in order) as streaming
+    completions at Poisson `rate`; its parsed summary (raises on failure)."""
+    _installed("inference-perf")
+    prepared = _prepare_file(base_url, model, prompts, rate, out_dir)
+    result = await _run_inference_perf(prepared, timeout)
+    result["rate"] = rate
+    result["requests"] = len(prompts)
+    return result
+
+
+def _installed(client: str) -> None:
+    pkg = PACKAGES[client]
     if stamp(pkg) is None:
         raise RuntimeError(
-            "inference-perf is not installed; run `python -m bench.anchors inference-perf` "
+            f"{client} is not installed; run `python -m bench.anchors {client}` "
             f"(builds {venv_dir(pkg)})"
         )
-    out_dir, cfg_path, reports, log_path = _prepare(base_url, model, load, out_dir)
+
+
+async def _run_inference_perf(
+    prepared: tuple[Path, Path, Path, Path], timeout: float
+) -> dict[str, Any]:
+    pkg = PACKAGES["inference-perf"]
+    out_dir, cfg_path, reports, log_path = prepared
     exe = venv_dir(pkg) / "bin" / "inference-perf"
     t0 = time.monotonic()
     rc = await _run_client(
@@ -226,8 +321,6 @@ async def run_inference_perf(
     )
     result = _read_result(rc, reports, log_path)
     result["version"] = pkg.version
-    result["rate"] = load.rate
-    result["seconds"] = load.seconds
     result["process_s"] = round(time.monotonic() - t0, 1)
     result["report_dir"] = str(reports)
     return result
@@ -383,11 +476,7 @@ async def run_aiperf(
 ) -> dict[str, Any]:
     """One aiperf run against `base_url`; its parsed summary (raises on failure)."""
     pkg = PACKAGES["aiperf"]
-    if stamp(pkg) is None:
-        raise RuntimeError(
-            "aiperf is not installed; run `python -m bench.anchors aiperf` "
-            f"(builds {venv_dir(pkg)})"
-        )
+    _installed("aiperf")
     out_dir, tok = _prepare_aiperf(out_dir)
     artifacts = out_dir / "artifacts"
     log_path = out_dir / "aiperf.log"
