@@ -94,8 +94,9 @@ def verdict(ours: dict[str, Any], theirs: dict[str, Any], tolerance: float = 0.0
 async def check(
     workload: str, routers: list[str], rate: float, n: int, log_dir: Path
 ) -> list[dict[str, Any]]:
-    from .thirdparty import run_inference_perf_file
+    from .thirdparty import _installed, run_inference_perf_file
 
+    _installed("inference-perf")  # before any run: says how to install it
     wl, prompts = requests_of(build(workload, n), n)
     kv = KV_CAPACITY[workload]
     rows: list[dict[str, Any]] = []

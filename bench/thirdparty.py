@@ -243,8 +243,10 @@ def _prepare_file(
     seconds = round(len(prompts) / rate)
     if seconds < 1 or abs(seconds * rate - len(prompts)) > 1e-9:
         raise ValueError(f"{len(prompts)} requests at {rate:g} req/s is not a whole second count")
-    data = out_dir / "requests.json"  # the name must end in .json (its loader's rule)
-    data.write_text(json.dumps(sharegpt_records(prompts)))
+    # JSON Lines (its loader, `datasets`' json builder, reads them as they are); the name must
+    # end in .json all the same (inference-perf's rule for a file path)
+    data = out_dir / "requests.json"
+    data.write_text("".join(json.dumps(r) + "\n" for r in sharegpt_records(prompts)))
     reports = out_dir / "reports"
     cfg_path = out_dir / "config.yml"
     cfg = inference_perf_file_config(base_url, model, data, rate, seconds, tok, reports)

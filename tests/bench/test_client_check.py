@@ -49,7 +49,7 @@ def test_prepare_file_refuses_a_count_that_is_not_whole_seconds(tmp_path: Path, 
         _prepare_file("http://x", "m", [("p", 1)] * 10, 3.0, tmp_path / "a")
     out, cfg_path, _reports, _log = _prepare_file("http://x", "m", [("p", 2)] * 12, 3.0,
                                                   tmp_path / "b")
-    recs = json.loads((out / "requests.json").read_text())
+    recs = [json.loads(line) for line in (out / "requests.json").read_text().splitlines()]
     assert len(recs) == 13 and recs[1]["conversations"][0]["value"] == "p"
     assert "duration: 4" in cfg_path.read_text()
 
