@@ -142,6 +142,24 @@ async def check(
     return rows
 
 
+def ratio_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Per client, the first router's TTFT p50 over each other router's (client and engine)."""
+    routers = list(dict.fromkeys(r["router"] for r in rows))
+    out = []
+    for client in dict.fromkeys(r["client"] for r in rows):
+        by = {r["router"]: r for r in rows if r["client"] == client}
+        first = by.get(routers[0])
+        for other in routers[1:]:
+            o = by.get(other)
+            if not first or not o or not o.get("ttft_p50_ms") or not o.get("engine_ttft_p50_ms"):
+                continue
+            out.append(
+                f"- {client}: `{routers[0]}` / `{other}` = "
+                f"{first['ttft_p50_ms'] / o['ttft_p50_ms']:.3f} at the client, "
+                f"{first['engine_ttft_p50_ms'] / o['engine_ttft_p50_ms']:.3f} at the engines")
+    return out
+
+
 def readme(result: dict[str, Any]) -> str:
     """bench/results/client-check/README.md from the run's JSON (pure)."""
     lines = [
@@ -153,9 +171,10 @@ def readme(result: dict[str, Any]) -> str:
         "",
         "Both clients send the same requests in the same order (streaming completions, the",
         f"first {result['requests']} of `{result['workload']}`) at Poisson "
-        f"{result['rate']:g} req/s through the same router to 8 simulators emptied before each",
-        "run. Engine figures are the simulators' own; `added` = client TTFT - engine TTFT, at",
-        "the same percentile (what the client, the router and the network add).",
+        f"{result['rate']:g} req/s through the same router",
+        "to 8 simulators emptied before each run. Engine figures are the simulators' own;",
+        "`added` = client TTFT - engine TTFT, at the same percentile (what the client, the",
+        "router and the network add).",
         "",
         "| router | client | ok | engine requests | engine hit | TTFT p50 | p90 | p99 | "
         "engine TTFT p50 | p90 | p99 | added p50 | added p99 |",
@@ -169,6 +188,10 @@ def readme(result: dict[str, Any]) -> str:
         lines.append("| " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
     lines += ["", "Verdicts (TTFT p50, inference-perf against ours, same router):", ""]
     lines += [f"- `{router}`: {v}" for router, v in result["verdicts"].items()]
+    ratios = ratio_lines(result["rows"])
+    if ratios:
+        lines += ["", "Each client's own TTFT p50 ratio of the first router to each other one:", ""]
+        lines += ratios
     return "\n".join(lines) + "\n"
 
 

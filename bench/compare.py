@@ -1289,6 +1289,11 @@ def mode_section(d: Path, mode: str) -> list[str]:
                 "",
                 client_table(cs, w),
                 "",
+                "The client sends its own `shared_prefix` data (uniform groups, its own prompts),",
+                "not our sequence, so its figures differ from our load generator's for that",
+                "reason. Both clients on the SAME requests: `bench/results/client-check/`",
+                "(`python -m bench client-check`).",
+                "",
             ]
     return lines
 

@@ -111,3 +111,16 @@ async def test_completions_mode_gives_the_engine_the_chat_prompt(fleet: Fleet):
         # prompt_tokens as the engine counted them: the chat template's bytes / 4, either way
         assert [r.prompt_tokens for r in results] == [
             -(-len(p.encode()) // 4) for p, _ in prompts[:2]]
+
+
+def test_ratio_lines_divide_the_first_router_by_each_other_per_client():
+    from bench.client_check import ratio_lines
+
+    rows = [
+        {"router": "prefix", "client": "loadgen", "ttft_p50_ms": 45.0, "engine_ttft_p50_ms": 42.0},
+        {"router": "prefix", "client": "ip", "ttft_p50_ms": 44.0, "engine_ttft_p50_ms": 41.0},
+        {"router": "rr", "client": "loadgen", "ttft_p50_ms": 180.0, "engine_ttft_p50_ms": 168.0},
+        {"router": "rr", "client": "ip", "ttft_p50_ms": None, "engine_ttft_p50_ms": 170.0},
+    ]
+    assert ratio_lines(rows) == [
+        "- loadgen: `prefix` / `rr` = 0.250 at the client, 0.250 at the engines"]
