@@ -1304,7 +1304,11 @@ def provenance(pts: Sequence[Mapping[str, Any]]) -> str:
     when = stamps[0] if len(stamps) == 1 else f"{stamps[0]} to {stamps[-1]}"
     ns = sorted({int(r.get("repeats", 1)) for r in pts})
     times = " or ".join(map(str, ns))
-    return f"Measured {when}; each point {times} time{'s' if ns != [1] else ''} (`--repeat`)."
+    machines = sorted({str(r["machine"]) for r in pts if r.get("machine")})
+    # a section measured on two hosts says so: its rows are then not one experiment
+    on = f" on {' and '.join(machines)}" if machines else ""
+    return (f"Measured {when}{on}; each point {times} time{'s' if ns != [1] else ''} "
+            "(`--repeat`).")
 
 
 def repeats_note(pts: Iterable[Mapping[str, Any]]) -> list[str]:

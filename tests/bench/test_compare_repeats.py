@@ -392,3 +392,11 @@ def test_provenance_names_the_span_and_the_repeats() -> None:
         "Measured 2026-12-03 13:42 UTC to 2026-12-03 19:00 UTC; each point 1 or 3 times "
         "(`--repeat`)."
     )
+
+
+def test_provenance_names_the_hosts() -> None:
+    one = compare.provenance([{"measured_at": "t", "machine": "A"}, {"measured_at": "t"}])
+    assert one == "Measured t on A; each point 1 time (`--repeat`)."
+    two = compare.provenance([{"measured_at": "t", "machine": "B"},
+                              {"measured_at": "t", "machine": "A"}])
+    assert two == "Measured t on A and B; each point 1 time (`--repeat`)."
