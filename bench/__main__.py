@@ -62,6 +62,13 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser("report", help="rebuild bench/results/README.md from the JSON files")
     from .compare import ROUTERS as CHECK_ROUTERS
 
+    lp = sub.add_parser("long-point", help="one workload and rate, long, through router setups")
+    lp.add_argument("--workload", default="multi-turn", choices=WORKLOADS)
+    lp.add_argument("--rate", type=float, default=32.0)
+    lp.add_argument("--seconds", type=float, default=30.0)
+    lp.add_argument("--repeat", type=int, default=2)
+    lp.add_argument("--setups", nargs="+", default=["prefix", "sglang-cache_aware"],
+                    help="router names, or prefix,key=value[,key=value] (router settings)")
     cc = sub.add_parser("client-check",
                         help="the same requests from our load generator and inference-perf")
     cc.add_argument("--workload", default="system-prompts",
@@ -128,6 +135,12 @@ def main(argv: list[str] | None = None) -> None:
         from .suite import suite
 
         suite(quick=args.quick, only=args.only, repeat=1 if args.quick else args.repeat)
+    elif args.cmd == "long-point":
+        from .long_point import main as long_point_main
+
+        r = long_point_main(args.workload, args.rate, args.seconds, args.repeat, args.setups)
+        for setup, fig in r["summary"].items():
+            print(setup, fig)
     elif args.cmd == "client-check":
         from .client_check import main as client_check_main
 
