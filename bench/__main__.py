@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     lp.add_argument("--repeat", type=int, default=2)
     lp.add_argument("--setups", nargs="+", default=["prefix", "sglang-cache_aware"],
                     help="router names, or prefix,key=value[,key=value] (router settings)")
+    lp.add_argument("--tag", default="", help="suffix of the result file (keeps other runs)")
     cc = sub.add_parser("client-check",
                         help="the same requests from our load generator and inference-perf")
     cc.add_argument("--workload", default="system-prompts",
@@ -138,7 +139,8 @@ def main(argv: list[str] | None = None) -> None:
     elif args.cmd == "long-point":
         from .long_point import main as long_point_main
 
-        r = long_point_main(args.workload, args.rate, args.seconds, args.repeat, args.setups)
+        r = long_point_main(args.workload, args.rate, args.seconds, args.repeat, args.setups,
+                            args.tag)
         for setup, fig in r["summary"].items():
             print(setup, fig)
     elif args.cmd == "client-check":

@@ -1350,6 +1350,10 @@ def write_readme(root: Path = RESULTS) -> Path:
         "past saturation when both load balancers are. Every request carries `X-Session-ID`",
         "(one id per session; vllm-router's consistent_hash needs it, no other router reads it).",
         "",
+        "Where ours is not best, the cause and the runs behind it: `NOTES.md` beside this file",
+        "(written by hand; each point's repeats send the same sequence, so their spread is the",
+        "host's noise, and a short step's p99 is its second or third slowest request).",
+        "",
         *anchors_section(),
         "",
     ]

@@ -146,7 +146,7 @@ async def measure(
 
 
 def main(workload: str, rate: float, seconds: float, repeats: int,
-         setups: list[str]) -> dict[str, Any]:
+         setups: list[str], tag: str = "") -> dict[str, Any]:
     from .suite import _machine
 
     log_dir = Path("bench/.logs") / f"long-point-{int(time.time())}"
@@ -166,7 +166,10 @@ def main(workload: str, rate: float, seconds: float, repeats: int,
         "machine": _machine(),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{workload}-{rate:g}.json").write_text(json.dumps(point, indent=2) + "\n")
+    if tag:
+        point["command"] += f" --tag {tag}"
+    name = f"{workload}-{rate:g}" + (f"-{tag}" if tag else "")
+    (RESULTS / f"{name}.json").write_text(json.dumps(point, indent=2) + "\n")
     points = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json"))]
     (RESULTS / "README.md").write_text(readme({"points": points}))
     return point
