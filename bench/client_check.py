@@ -33,7 +33,7 @@ from .compare import _git_version, router_info, settle, start_router
 from .fleet import Fleet
 from .loadgen import run_load
 from .run import KV_CAPACITY, MODEL, fetch_stats, start_sims
-from .stats import ms, percentile
+from .stats import percentiles_ms
 from .workloads import Workload, build, messages_for
 
 RESULTS = Path("bench/results/client-check")
@@ -59,9 +59,7 @@ def engine_figures(stats: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "engine_requests": sum(s["requests"] for s in stats),
         "engine_hit_rate": round(cached / prompt, 4) if prompt else 0.0,
-        "engine_ttft_p50_ms": ms(percentile(ttfts, 50)),
-        "engine_ttft_p90_ms": ms(percentile(ttfts, 90)),
-        "engine_ttft_p99_ms": ms(percentile(ttfts, 99)),
+        **percentiles_ms(ttfts, "engine_ttft"),
     }
 
 
@@ -114,14 +112,11 @@ async def check(
                         log = await run_load(wl, [url], MODEL, rate, n / rate * 3 + 30,
                                              progress=False, api="completions")
                         ok = [r for r in log.results if r.ok]
-                        ttfts = [r.ttft for r in ok if r.ttft is not None]
                         res: dict[str, Any] = {
                             "client": "loadgen",
                             "requests_ok": len(ok),
                             "errors": len(log.sent) - len(ok),
-                            "ttft_p50_ms": ms(percentile(ttfts, 50)),
-                            "ttft_p90_ms": ms(percentile(ttfts, 90)),
-                            "ttft_p99_ms": ms(percentile(ttfts, 99)),
+                            **percentiles_ms([r.ttft for r in ok if r.ttft is not None]),
                         }
                     else:
                         res = await run_inference_perf_file(

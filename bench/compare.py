@@ -58,7 +58,7 @@ from .fleet import Fleet, Proc
 from .loadgen import RunLog, run_load
 from .report import sweep_plot
 from .run import KV_CAPACITY, MODEL, fetch_stats, reset, start_sims
-from .stats import imbalance, ms, percentile
+from .stats import imbalance, ms, percentile, percentiles_ms
 from .workloads import WORKLOADS, Workload, build
 
 RESULTS = Path("bench/results/compare")
@@ -311,9 +311,7 @@ def step_figures(
             if usage_prompt
             else None
         ),
-        "ttft_p50_ms": ms(percentile(ttfts, 50)),
-        "ttft_p90_ms": ms(percentile(ttfts, 90)),
-        "ttft_p99_ms": ms(percentile(ttfts, 99)),
+        **percentiles_ms(ttfts),
         "e2e_p50_ms": ms(percentile(e2es, 50)),
         "e2e_p99_ms": ms(percentile(e2es, 99)),
         "output_tokens_per_s": round(gen / window, 1) if window > 0 else 0.0,

@@ -25,7 +25,7 @@ from .compare import SESSION_HEADER, settle
 from .fleet import Fleet, Proc
 from .loadgen import run_load
 from .run import KV_CAPACITY, MODEL, fetch_stats, start_sims
-from .stats import imbalance, ms, percentile
+from .stats import imbalance, percentiles_ms
 from .workloads import build
 
 RESULTS = Path("bench/results/long-point")
@@ -55,9 +55,7 @@ def figures(results: list[Any], stats: list[dict[str, Any]]) -> dict[str, Any]:
         "requests_ok": len(ttfts),
         "errors": sum(1 for r in results if not r.ok),
         "engine_hit_rate": round(cached / prompt, 4) if prompt else 0.0,
-        "ttft_p50_ms": ms(percentile(ttfts, 50)),
-        "ttft_p90_ms": ms(percentile(ttfts, 90)),
-        "ttft_p99_ms": ms(percentile(ttfts, 99)),
+        **percentiles_ms(ttfts),
         "imbalance": round(imbalance([s["requests"] for s in stats]) or 0.0, 3),
     }
 

@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 from .fleet import Fleet
 from .loadgen import run_load
 from .oracle import oracle_hit_rate
-from .stats import imbalance, ms, percentile
+from .stats import imbalance, ms, percentile, percentiles_ms
 from .workloads import build
 
 MODEL = "sim-llama-3.1-70b"
@@ -229,9 +229,7 @@ async def run(cfg: RunConfig) -> dict:
         "errors": len(log.sent) - len(ok),
         "engine_hit_rate": round(cached / prompt, 4) if prompt else 0.0,
         "oracle_hit_rate": round(oracle_hit_rate(log.sent, kv * cfg.replicas), 4),
-        "ttft_p50_ms": ms(percentile(ttfts, 50)),
-        "ttft_p90_ms": ms(percentile(ttfts, 90)),
-        "ttft_p99_ms": ms(percentile(ttfts, 99)),
+        **percentiles_ms(ttfts),
         # The engines' own arrival-to-first-token: the client's TTFT less the router, the
         # network stack and the streaming path.
         "engine_ttft_p50_ms": ms(percentile(engine_ttfts, 50)),

@@ -25,3 +25,8 @@ def imbalance(counts: Sequence[float]) -> float | None:
 
 def ms(x: float | None) -> float | None:
     return None if x is None else round(x * 1000.0, 2)
+
+
+def percentiles_ms(values: Sequence[float], name: str = "ttft") -> dict[str, float | None]:
+    """`<name>_p50_ms`, `<name>_p90_ms`, `<name>_p99_ms` of `values` (seconds)."""
+    return {f"{name}_p{q}_ms": ms(percentile(values, q)) for q in (50, 90, 99)}
