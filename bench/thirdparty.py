@@ -17,6 +17,7 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -222,36 +223,46 @@ def inference_perf_file_config(
     return cfg
 
 
-def _prepare(
-    base_url: str, model: str, load: SharedPrefixLoad, out_dir: Path
+def _write_config(
+    out_dir: Path, config: Callable[[Path, Path], dict[str, Any]]
 ) -> tuple[Path, Path, Path, Path]:
+    """inference-perf's config.yml in `out_dir`, made by `config(tokenizer dir, reports dir)`;
+    (out_dir, config path, reports dir, log path)."""
     out_dir = out_dir.absolute()  # the client runs in out_dir: every path in its config absolute
     tok = build_tokenizer("inference-perf")
     out_dir.mkdir(parents=True, exist_ok=True)
     reports = out_dir / "reports"
     cfg_path = out_dir / "config.yml"
-    cfg_path.write_text(yaml.safe_dump(inference_perf_config(base_url, model, load, tok, reports)))
+    cfg_path.write_text(yaml.safe_dump(config(tok, reports)))
     return out_dir, cfg_path, reports, out_dir / "inference-perf.log"
+
+
+def _prepare(
+    base_url: str, model: str, load: SharedPrefixLoad, out_dir: Path
+) -> tuple[Path, Path, Path, Path]:
+    return _write_config(
+        out_dir, lambda tok, reports: inference_perf_config(base_url, model, load, tok, reports)
+    )
 
 
 def _prepare_file(
     base_url: str, model: str, prompts: list[tuple[str, int]], rate: float, out_dir: Path
 ) -> tuple[Path, Path, Path, Path]:
-    out_dir = out_dir.absolute()
-    tok = build_tokenizer("inference-perf")
-    out_dir.mkdir(parents=True, exist_ok=True)
     seconds = round(len(prompts) / rate)
     if seconds < 1 or abs(seconds * rate - len(prompts)) > 1e-9:
         raise ValueError(f"{len(prompts)} requests at {rate:g} req/s is not a whole second count")
+    out_dir = out_dir.absolute()
+    out_dir.mkdir(parents=True, exist_ok=True)
     # JSON Lines (its loader, `datasets`' json builder, reads them as they are); the name must
     # end in .json all the same (inference-perf's rule for a file path)
     data = out_dir / "requests.json"
     data.write_text("".join(json.dumps(r) + "\n" for r in sharegpt_records(prompts)))
-    reports = out_dir / "reports"
-    cfg_path = out_dir / "config.yml"
-    cfg = inference_perf_file_config(base_url, model, data, rate, seconds, tok, reports)
-    cfg_path.write_text(yaml.safe_dump(cfg))
-    return out_dir, cfg_path, reports, out_dir / "inference-perf.log"
+    return _write_config(
+        out_dir,
+        lambda tok, reports: inference_perf_file_config(
+            base_url, model, data, rate, seconds, tok, reports
+        ),
+    )
 
 
 def _read_result(rc: int, reports: Path, log_path: Path) -> dict[str, Any]:
