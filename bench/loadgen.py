@@ -12,6 +12,7 @@ import json
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Literal
 
 import aiohttp
 
@@ -44,6 +45,10 @@ class RunLog:
     finished: float = 0.0
 
 
+# chat: messages to /v1/chat/completions; completions: their rendered prompt to /v1/completions
+Api = Literal["chat", "completions"]
+
+
 def _delta_content(choice: dict) -> str | None:
     return (choice.get("delta") or {}).get("content")
 
@@ -60,7 +65,7 @@ async def _one(
     max_tokens: int,
     timeout: float,
     headers: dict[str, str] | None = None,
-    api: str = "chat",
+    api: Api = "chat",
 ) -> tuple[Result, str]:
     body: dict[str, object] = {
         "model": model,
@@ -161,7 +166,7 @@ async def run_load(
     progress: bool = True,
     session_header: str | None = None,
     session_id_offset: int = 0,
-    api: str = "chat",
+    api: Api = "chat",
 ) -> RunLog:
     """Send `workload` at `rate` requests/s for `seconds`; targets are used round-robin per
     request, as a Kubernetes Service spreads connections over router replicas.
