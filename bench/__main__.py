@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--seed", type=int, default=7)
     r.add_argument("--router-config", help="a router settings YAML passed to every router")
     r.add_argument("--json", dest="json_out")
+    r.add_argument("--requests-out", help="JSON Lines of every request (TTFT, cached tokens, ...)")
     o = sub.add_parser("overhead", help="router overhead vs direct calls to a zero-latency sim")
     o.add_argument("--rate", type=float, default=500)
     o.add_argument("--seconds", type=float, default=20)
@@ -70,6 +71,10 @@ def main(argv: list[str] | None = None) -> None:
     lp.add_argument("--setups", nargs="+", default=["prefix", "sglang-cache_aware"],
                     help="router names, or prefix,key=value[,key=value] (router settings)")
     lp.add_argument("--tag", default="", help="suffix of the result file (keeps other runs)")
+    from .first_chunk import add_arguments as first_chunk_arguments
+
+    first_chunk_arguments(sub.add_parser(
+        "first-chunk", help="client-to-engine time to the first chunk: direct, pipe, router"))
     cc = sub.add_parser("client-check",
                         help="the same requests from our load generator and inference-perf")
     cc.add_argument("--workload", default="system-prompts",
@@ -118,6 +123,7 @@ def main(argv: list[str] | None = None) -> None:
             seed=args.seed,
             redis_url=args.redis_url,
             router_args=("--config", args.router_config) if args.router_config else (),
+            requests_out=args.requests_out,
         )
         write_json(asyncio.run(run(cfg)), args.json_out)
     elif args.cmd == "overhead":
@@ -143,6 +149,10 @@ def main(argv: list[str] | None = None) -> None:
                             args.tag)
         for setup, fig in r["summary"].items():
             print(setup, fig)
+    elif args.cmd == "first-chunk":
+        from .first_chunk import main as first_chunk_main
+
+        first_chunk_main(args)
     elif args.cmd == "client-check":
         from .client_check import main as client_check_main
 

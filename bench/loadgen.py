@@ -35,6 +35,10 @@ class Result:
     prompt_tokens: int | None
     target: str
     error: str = ""
+    # Our router's x-routed-to and x-route-reason answer headers ("" through other routers).
+    routed_to: str = ""
+    reason: str = ""
+    request_id: str = ""  # the x-request-id sent, when run_load was asked to tag requests
 
 
 @dataclass
@@ -88,6 +92,7 @@ async def _one(
     usage = None
     done = False
     status = 0
+    routed_to = reason = ""
     try:
         async with session_http.post(
             url + path,
@@ -96,6 +101,8 @@ async def _one(
             timeout=aiohttp.ClientTimeout(total=timeout),
         ) as r:
             status = r.status
+            routed_to = r.headers.get("x-routed-to", "")
+            reason = r.headers.get("x-route-reason", "")
             if r.status != 200:
                 text = await r.text()
                 return Result(
@@ -150,6 +157,8 @@ async def _one(
         prompt,
         url,
         "" if ok else "stream ended without [DONE]",
+        routed_to,
+        reason,
     ), answer
 
 
@@ -167,6 +176,7 @@ async def run_load(
     session_header: str | None = None,
     session_id_offset: int = 0,
     api: Api = "chat",
+    tag_requests: bool = False,
 ) -> RunLog:
     """Send `workload` at `rate` requests/s for `seconds`; targets are used round-robin per
     request, as a Kubernetes Service spreads connections over router replicas.
@@ -174,7 +184,9 @@ async def run_load(
     With `session_header` (e.g. "X-Session-ID"), every request of a session carries that header
     with one id per Session (`session_id_offset` + its index): all turns of a conversation share
     it; each single-turn session has its own. Off by default. `api` "completions" sends each
-    request's messages as the prompt the simulator's chat template makes of them."""
+    request's messages as the prompt the simulator's chat template makes of them.
+    `tag_requests` sends each request with `x-request-id: r<send index>` (the simulators time
+    the requests that carry one)."""
     rng = random.Random(seed)
     log = RunLog()
     avg_turns = sum(len(s.turns) for s in workload.sessions) / max(1, len(workload.sessions))
@@ -191,11 +203,13 @@ async def run_load(
                 msgs = messages_for(s, t, answers)
                 target = targets[rr % len(targets)]
                 rr += 1
+                tag = f"r{len(log.sent)}" if tag_requests else ""
                 log.sent.append(msgs)
                 res, answer = await _one(
-                    http, target, model, msgs, turn.max_tokens, request_timeout, hdrs, api
+                    http, target, model, msgs, turn.max_tokens, request_timeout,
+                    {**(hdrs or {}), "x-request-id": tag} if tag else hdrs, api,
                 )
-                res.session, res.turn = idx, t
+                res.session, res.turn, res.request_id = idx, t, tag
                 log.results.append(res)
                 if not res.ok:
                     return

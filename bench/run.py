@@ -10,14 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import aiohttp
 import redis.asyncio as aioredis
 
 from .fleet import Fleet
-from .loadgen import run_load
+from .loadgen import Result, run_load
 from .oracle import oracle_hit_rate
 from .stats import imbalance, ms, percentile, percentiles_ms
 from .workloads import build
@@ -54,6 +54,8 @@ class RunConfig:
     log_dir: str = "bench/.logs"
     router_args: tuple[str, ...] = ()
     redis_url: str | None = None
+    # JSON Lines of every request (send time, TTFT, e2e, cached/prompt tokens, routed to)
+    requests_out: str | None = None
 
 
 async def fetch_stats(urls: list[str]) -> list[dict]:
@@ -200,10 +202,15 @@ async def run(cfg: RunConfig) -> dict:
         await reset(sim_urls)
         _d, before = await fetch_router_figures(targets)
         calls_before = await redis_calls(url) if cfg.store == "redis" else 0
-        log = await run_load(wl, targets, MODEL, cfg.rate, cfg.seconds, seed=cfg.seed)
+        log = await run_load(
+            wl, targets, MODEL, cfg.rate, cfg.seconds, seed=cfg.seed,
+            tag_requests=bool(cfg.requests_out),
+        )
         stats = await fetch_stats(sim_urls)
         decisions, counters = await fetch_router_figures(targets)
         calls = await redis_calls(url) - calls_before if cfg.store == "redis" else 0
+    if cfg.requests_out:
+        write_requests(log.results, log.started, stats, cfg.requests_out)
     ok = [r for r in log.results if r.ok]
     ttfts = [r.ttft for r in ok if r.ttft is not None]
     e2es = [r.e2e for r in ok if r.e2e is not None]
@@ -249,6 +256,31 @@ async def run(cfg: RunConfig) -> dict:
         ],
     }
     return result
+
+
+def write_requests(results: list[Result], started: float, stats: list[dict], path: str) -> None:
+    """One JSON object per request, in the order they finished, with its TTFT split where
+    the simulator timed it (all in ms; the clocks are one, CLOCK_MONOTONIC):
+    `to_engine_ms` from the client's send to the simulator's handler (client, network, router),
+    `engine_parse_ms` the simulator's own parsing before the engine has it, `engine_ttft_ms`
+    the engine's arrival to first token, `engine_write_ms` first token to its chunk written,
+    `back_ms` the rest: from the simulator's write to the client's first content (router,
+    network, client)."""
+    timed = {t[0]: t for s in stats for t in s.get("timings", ())}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with Path(path).open("w") as f:
+        for r in results:
+            row = asdict(r)
+            row["sent_at"] = round(r.sent_at - started, 6)
+            t = timed.get(r.request_id)
+            if t is not None and r.ttft is not None:
+                _tag, received, arrived, first, written = t
+                row["to_engine_ms"] = round(1000 * (received - r.sent_at), 3)
+                row["engine_parse_ms"] = round(1000 * (arrived - received), 3)
+                row["engine_ttft_ms"] = round(1000 * (first - arrived), 3)
+                row["engine_write_ms"] = round(1000 * (written - first), 3)
+                row["back_ms"] = round(1000 * (r.sent_at + r.ttft - written), 3)
+            f.write(json.dumps(row) + "\n")
 
 
 def write_json(result: dict, path: str | None) -> None:

@@ -54,6 +54,10 @@ class Counters:
     # Seconds from arrival to first token of each request since the last reset (for the
     # benchmark: the engine's own TTFT beside the client's; bounded, oldest kept).
     ttfts: list[float] = field(default_factory=list)
+    # (x-request-id, received, arrived, first token, first chunk written), perf_counter seconds
+    # (CLOCK_MONOTONIC, the same clock in every process here), of the streaming requests that
+    # carried an x-request-id: `bench run --requests-out` splits each TTFT with them.
+    timings: list[tuple[str, float, float, float, float]] = field(default_factory=list)
 
 
 class Engine:

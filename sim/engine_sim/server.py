@@ -123,6 +123,7 @@ def _usage(r: Request) -> dict[str, Any]:
 
 
 async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
+    received = time.perf_counter()
     app = request.app
     engine = app[ENGINE]
     body = await _body(request)
@@ -213,7 +214,6 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
                     "logprobs": None,
                     "finish_reason": "length" if r.done and r.out.empty() else None,
                 }
-            first = False
             chunk = {
                 "id": rid,
                 "object": kind,
@@ -222,6 +222,14 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
                 "choices": [choice],
             }
             await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            if first:
+                first = False
+                tag = request.headers.get("x-request-id")
+                timings = engine.counters.timings
+                if tag and r.first_token_at is not None and len(timings) < _MAX_TTFT_SAMPLES:
+                    timings.append(
+                        (tag, received, r.arrived, r.first_token_at, time.perf_counter())
+                    )
         if include_usage:
             chunk = {
                 "id": rid,
@@ -342,6 +350,7 @@ async def stats(request: web.Request) -> web.Response:
             "waiting": len(e.waiting),
             "kv_usage": e.cache.usage_fraction(),
             "ttft_s": [round(t, 5) for t in c.ttfts],
+            "timings": c.timings,
             "cached_blocks": e.cache.cached_blocks(),
         }
     )

@@ -178,6 +178,98 @@ async def test_upstream_timeout_is_504(fleet: Fleet, start_sims, tmp_path: Path)
         assert json.loads(raw)["error"]["type"] == "timeout"
 
 
+async def _stream_events(r: aiohttp.ClientResponse) -> list[bytes]:
+    return [line[5:].strip() async for line in r.content if line.startswith(b"data:")]
+
+
+async def test_stream_headers_precede_the_first_token(fleet: Fleet, start_sims):
+    # 200 and the headers as soon as the engine took the request, while it still prefills
+    # (seconds here): the client's work on them overlaps the prefill, as with the engine itself
+    sims = await start_sims(fleet, 1, profile="llama-3.1-70b-h100", time_scale=20.0)
+    router = await fleet.start_router("router", sims, policy="prefix", kv_capacity=100_000)
+    async with aiohttp.ClientSession() as s:
+        t0 = time.perf_counter()
+        async with s.post(
+            router.url + "/v1/completions",
+            json={"model": MODEL, "prompt": "slow " * 3000, "max_tokens": 2, "stream": True},
+        ) as r:
+            headers_after = time.perf_counter() - t0
+            assert r.status == 200
+            assert r.headers["Content-Type"].startswith("text/event-stream")
+            assert r.headers["x-routed-to"] == sims[0]
+            events = await _stream_events(r)
+            first_after = time.perf_counter() - t0
+    assert events[-1] == b"[DONE]"
+    # a 3,750-token prefill at 79 us a token, 20 times slower: ~6 s
+    assert first_after > 2.0
+    assert headers_after < 1.0, (headers_after, first_after)
+
+
+async def test_stream_retried_into_the_same_response_when_its_engine_dies(
+    fleet: Fleet, start_sims
+):
+    # The engine answered 200 (so did the router) and died before the first token: the
+    # stream is served whole by the other engine, the client sees one complete stream.
+    sims = await start_sims(fleet, 2, profile="llama-3.1-70b-h100", time_scale=20.0)
+    router = await fleet.start_router("router", sims, policy="prefix", kv_capacity=100_000)
+    async with aiohttp.ClientSession() as s:
+        async with s.post(
+            router.url + "/v1/chat/completions",
+            json=chat("who serves me?", max_tokens=3, stream=True),
+        ) as r:
+            assert r.status == 200
+            first = r.headers["x-routed-to"]
+            victim = fleet.procs[sims.index(first)]
+            os.killpg(victim.process.pid, signal.SIGKILL)
+            events = await _stream_events(r)
+        async with s.get(router.url + "/metrics") as m:
+            assert "prefix_router_retries_total 1.0" in await m.text()
+    assert events[-1] == b"[DONE]"
+    objs = [json.loads(e) for e in events[:-1]]
+    assert not [o for o in objs if "error" in o], objs
+    text = "".join(c["delta"].get("content", "") for o in objs for c in o["choices"])
+    assert len(text) == 3 * 4  # all three tokens, from the survivor
+
+
+async def test_stream_no_engine_can_start_ends_with_an_error_event(fleet: Fleet, start_sims):
+    # After the 200 went out, no engine starts the stream: it ends with an OpenAI error event
+    # and [DONE] (vLLM's way of failing a stream), never hangs or cuts without a word.
+    sims = await start_sims(fleet, 1, profile="llama-3.1-70b-h100", time_scale=20.0)
+    router = await fleet.start_router("router", sims, policy="prefix", kv_capacity=100_000)
+    async with aiohttp.ClientSession() as s:
+        async with s.post(
+            router.url + "/v1/chat/completions",
+            json=chat("nobody will answer", max_tokens=3, stream=True),
+        ) as r:
+            assert r.status == 200
+            os.killpg(fleet.procs[0].process.pid, signal.SIGKILL)
+            events = await asyncio.wait_for(_stream_events(r), 10)
+    assert events[-1] == b"[DONE]"
+    err = json.loads(events[-2])["error"]
+    assert err["type"] == "service_unavailable"
+    assert "no backend could serve" in err["message"]
+
+
+async def test_stream_upstream_timeout_is_an_error_event(
+    fleet: Fleet, start_sims, tmp_path: Path
+):
+    sims = await start_sims(fleet, 1, profile="llama-3.1-70b-h100", time_scale=5.0)
+    cfg = tmp_path / "router.yaml"
+    cfg.write_text("upstream_timeout_s: 0.3\n")
+    router = await fleet.start_router(
+        "router", sims, policy="prefix", kv_capacity=100_000, extra=["--config", str(cfg)]
+    )
+    async with aiohttp.ClientSession() as s:
+        async with s.post(
+            router.url + "/v1/completions",
+            json={"model": MODEL, "prompt": "slow " * 3000, "max_tokens": 400, "stream": True},
+        ) as r:
+            assert r.status == 200
+            events = await asyncio.wait_for(_stream_events(r), 10)
+    assert events[-1] == b"[DONE]"
+    assert json.loads(events[-2])["error"]["type"] == "timeout"
+
+
 async def test_failover_mid_load_loses_no_request(fleet: Fleet, start_sims):
     sims = await start_sims(fleet, 3, time_scale=3.0)
     router = await fleet.start_router("router", sims, policy="prefix", kv_capacity=100_000)
