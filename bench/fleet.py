@@ -14,6 +14,17 @@ from pathlib import Path
 import aiohttp
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (0.0 once it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    # comm may hold spaces and parentheses; the fields after the last ")" cannot
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import redis.asyncio as aioredis
 
-from .fleet import Fleet
+from .fleet import Fleet, cpu_seconds
 from .loadgen import Result, run_load
 from .oracle import oracle_hit_rate
 from .stats import imbalance, ms, percentile, percentiles_ms
@@ -200,12 +200,14 @@ async def run(cfg: RunConfig) -> dict:
             )
         targets = [r.url for r in routers]
         await reset(sim_urls)
+        cpu_before = [cpu_seconds(r.process.pid) for r in routers]
         _d, before = await fetch_router_figures(targets)
         calls_before = await redis_calls(url) if cfg.store == "redis" else 0
         log = await run_load(
             wl, targets, MODEL, cfg.rate, cfg.seconds, seed=cfg.seed,
             tag_requests=bool(cfg.requests_out),
         )
+        router_cpu = sum(cpu_seconds(r.process.pid) for r in routers) - sum(cpu_before)
         stats = await fetch_stats(sim_urls)
         decisions, counters = await fetch_router_figures(targets)
         calls = await redis_calls(url) - calls_before if cfg.store == "redis" else 0
@@ -247,6 +249,10 @@ async def run(cfg: RunConfig) -> dict:
         "output_tokens_per_s": round(out_tokens / wall, 1) if wall else 0.0,
         "imbalance": round(imbalance(served) or 0.0, 3),
         "per_replica_requests": served,
+        # CPU the router process(es) used while the load ran, per request sent
+        "router_cpu_ms_per_request": round(1000 * router_cpu / len(log.sent), 3)
+        if log.sent
+        else None,
         **drift(counters),
         **store_traffic(cfg, counters, before, calls, len(log.sent)),
         "decisions": decisions,

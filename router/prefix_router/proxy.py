@@ -51,6 +51,11 @@ _DROP_REQUEST = frozenset(
 )
 _PASS_RESPONSE = ("content-type", "x-request-id", "openai-processing-ms")
 _MAX_SNIFF = 4 * 1024 * 1024
+# Bytes waiting for a slow client above which the engine is no longer read (and TCP slows it
+# down), and below which reading resumes.
+_CLIENT_HIGH_WATER = 256 * 1024
+_CLIENT_LOW_WATER = 64 * 1024
+_DRAIN_POLL_S = 0.005
 _RETRY_STATUS = frozenset((502, 503))
 
 
@@ -198,6 +203,47 @@ async def _attempt(
         router.finished(backend)
 
 
+class _Relay:
+    """After the first chunk, the rest of a stream goes from the engine's connection straight
+    to the client's transport, in the upstream connection's callback (upstream.relay): HTTP/1.1
+    chunked framing as aiohttp writes it, a bounded copy kept to learn the answer. Measured
+    with `python -m bench first-chunk`/`bench overhead` (see proxy.py's module docstring)."""
+
+    __slots__ = ("chunked", "gone", "sniff", "transport")
+
+    def __init__(self, request: web.Request, resp: web.StreamResponse, first: bytes) -> None:
+        self.transport = request.transport
+        # aiohttp chose chunked framing when it prepared the response (HTTP/1.1, no length);
+        # an HTTP/1.0 client gets the raw bytes and the end of the connection.
+        self.chunked = resp.headers.get("Transfer-Encoding", "").lower() == "chunked"
+        self.sniff = bytearray(first)
+        self.gone = False
+
+    def write(self, data: bytes) -> bool:
+        t = self.transport
+        if t is None or t.is_closing():
+            self.gone = True
+            return False
+        if self.chunked:
+            t.write(b"%x\r\n%b\r\n" % (len(data), data))
+        else:
+            t.write(data)
+        if len(self.sniff) < _MAX_SNIFF:
+            self.sniff += data
+        return t.get_write_buffer_size() <= _CLIENT_HIGH_WATER
+
+    async def drained(self) -> None:
+        # Polling, not aiohttp's drain: that waiter lives in its private writer (the public
+        # StreamResponse.drain is deprecated). Only a client slower than the engine gets here.
+        t = self.transport
+        while (  # noqa: ASYNC110
+            t is not None and not t.is_closing() and t.get_write_buffer_size() > _CLIENT_LOW_WATER
+        ):
+            await asyncio.sleep(_DRAIN_POLL_S)
+        if t is None or t.is_closing():
+            self.gone = True
+
+
 def _response_headers(upstream: UpstreamResponse, plan: Plan, backend: str) -> dict[str, str]:
     out = {k: upstream.headers[k] for k in _PASS_RESPONSE if k in upstream.headers}
     out["x-routed-to"] = backend
@@ -240,17 +286,20 @@ async def _stream(
         raise _Retryable("the upstream closed the stream before any data")
     router.first_byte(backend, prefill)
     metrics.ttft.observe(time.perf_counter() - plan.started)
-    sniff = bytearray(chunk)
     outcome = "ok"
     try:
         await resp.write(chunk)
-        while True:
-            chunk = await upstream.readany()
-            if not chunk:
-                break
-            await resp.write(chunk)
-            if len(sniff) < _MAX_SNIFF:
-                sniff += chunk
+        relay = _Relay(request, resp, chunk)
+        upstream.relay(relay.write)
+        while not await upstream.relayed():
+            # the client reads slower than the engine writes: wait for it, then go on
+            if relay.gone:
+                raise ConnectionResetError("the client went away")
+            await relay.drained()
+            upstream.resume()
+        if relay.gone:
+            raise ConnectionResetError("the client went away")
+        sniff = relay.sniff
     except (UpstreamError, TimeoutError) as exc:
         # Bytes already reached the client; the stream can only be ended, not retried.
         outcome = "stream_cut"

@@ -270,6 +270,50 @@ async def test_stream_upstream_timeout_is_an_error_event(
     assert json.loads(events[-2])["error"]["type"] == "timeout"
 
 
+async def test_a_slow_client_gets_a_long_stream_whole(fleet: Fleet, start_sims):
+    # ~6 MB of SSE at once from a zero-latency engine to a client that reads nothing for a
+    # while: the router holds the engine back (TCP) instead of buffering, and every event
+    # arrives, in order, once the client reads.
+    sims = await start_sims(fleet, 1, profile="zero", kv=200_000)
+    router = await fleet.start_router("router", sims, policy="prefix", kv_capacity=200_000)
+    n = 25_000
+    reader, writer = await asyncio.open_connection("127.0.0.1", int(router.url.rsplit(":", 1)[1]))
+    body = json.dumps({"model": MODEL, "prompt": "go", "max_tokens": n, "stream": True}).encode()
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+    )
+    await writer.drain()
+    await asyncio.sleep(1.5)  # not reading: the client's socket buffer fills up
+    raw = b""
+
+    async def read_all() -> bytes:
+        data = b""
+        while not data.endswith(b"\r\n0\r\n\r\n"):
+            more = await reader.read(1 << 20)
+            assert more, "the router closed the stream before its end"
+            data += more
+        return data
+
+    raw = await asyncio.wait_for(read_all(), 30)
+    writer.close()
+    head, _, chunked = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"chunked" in head.lower()
+    payload = bytearray()
+    rest = chunked
+    while True:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            break
+        payload += rest[:size]
+        rest = rest[size + 2 :]
+    events = [e[6:] for e in bytes(payload).split(b"\n\n") if e.startswith(b"data: ")]
+    assert events[-1] == b"[DONE]"
+    texts = [json.loads(e)["choices"][0]["text"] for e in events[:-1]]
+    assert len(texts) == n and all(len(t) == 4 for t in texts)
+
+
 async def test_failover_mid_load_loses_no_request(fleet: Fleet, start_sims):
     sims = await start_sims(fleet, 3, time_scale=3.0)
     router = await fleet.start_router("router", sims, policy="prefix", kv_capacity=100_000)

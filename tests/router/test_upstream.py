@@ -431,3 +431,43 @@ async def test_streamed_answer_from_aiohttp(client: UpstreamClient) -> None:
         assert len(client._pools[url].conns) == 1
     finally:
         await runner.cleanup()
+
+
+async def test_relay_hands_chunks_to_the_sink_and_holds_when_asked(client: UpstreamClient) -> None:
+    step, step2 = asyncio.Event(), asyncio.Event()
+
+    async def chunked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, k: int) -> None:
+        while await read_request(reader) is not None:
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\none\r\n")
+            await writer.drain()
+            await step.wait()
+            writer.write(b"3\r\ntwo\r\n")
+            await writer.drain()
+            await step2.wait()
+            writer.write(b"5\r\nthree\r\n0\r\n\r\n")
+            await writer.drain()
+
+    async with Server(chunked) as srv:
+        r = await client.post(srv.url, "/", b"", JSON)
+        assert await r.readany() == b"one"
+        got: list[bytes] = []
+
+        def sink(data: bytes) -> bool:
+            got.append(data)
+            return len(got) > 1  # the first relayed chunk asks to be heard
+
+        r.relay(sink)
+        step.set()
+        assert await r.relayed() is False  # held: the engine is no longer read
+        conn = r._conn
+        assert conn is not None and conn.paused
+        step2.set()
+        await asyncio.sleep(0.05)
+        assert got == [b"two"]  # nothing read while held
+        r.resume()
+        assert await r.relayed() is True
+        assert b"".join(got) == b"twothree"
+        # the connection went back to the pool
+        async with await client.post(srv.url, "/", b"", JSON) as r2:
+            assert await r2.read() == b"onetwothree"
+        assert srv.connections == 1
