@@ -349,11 +349,13 @@ def _number(v: Any) -> bool:
 def _merge(vals: Sequence[Any]) -> Any:
     """One field over the repeats: numbers by their median (None when every repeat had none;
     a repeat without one is left out), flags true only when true in every repeat, lists of
-    numbers element by element, lists of strings joined (first 3), anything else the first
-    repeat's."""
+    numbers element by element, lists of strings joined (first 3), mappings key by key,
+    anything else the first repeat's."""
     present = [v for v in vals if v is not None]
     if not present:
         return None
+    if all(isinstance(v, dict) for v in present):
+        return {k: _merge([v.get(k) for v in present]) for k in present[0]}
     if all(_number(v) for v in present):
         return _median(present)
     if all(isinstance(v, bool) for v in present):

@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import redis.asyncio as aioredis
@@ -205,7 +207,7 @@ async def run(cfg: RunConfig) -> dict:
         calls_before = await redis_calls(url) if cfg.store == "redis" else 0
         log = await run_load(
             wl, targets, MODEL, cfg.rate, cfg.seconds, seed=cfg.seed,
-            tag_requests=bool(cfg.requests_out),
+            tag_requests=True,
         )
         router_cpu = sum(cpu_seconds(r.process.pid) for r in routers) - sum(cpu_before)
         stats = await fetch_stats(sim_urls)
@@ -243,6 +245,9 @@ async def run(cfg: RunConfig) -> dict:
         # network stack and the streaming path.
         "engine_ttft_p50_ms": ms(percentile(engine_ttfts, 50)),
         "engine_ttft_p99_ms": ms(percentile(engine_ttfts, 99)),
+        # Each TTFT in pieces (every request carries an x-request-id the simulators time):
+        # medians of to-the-engine, the simulator's parse, the engine, its write, and back.
+        "ttft_split_p50_ms": split_p50s(log.results, stats),
         "e2e_p50_ms": ms(percentile(e2es, 50)),
         "e2e_p99_ms": ms(percentile(e2es, 99)),
         "throughput_rps": round(len(ok) / wall, 3) if wall else 0.0,
@@ -264,28 +269,62 @@ async def run(cfg: RunConfig) -> dict:
     return result
 
 
+SPLIT = ("to_engine", "engine_parse", "engine_ttft", "engine_write", "back")
+
+
+def ttft_split(r: Result, timed: dict[str, Sequence[Any]]) -> dict[str, float] | None:
+    """A request's TTFT in pieces (ms), where the simulator timed it (the clocks are one,
+    CLOCK_MONOTONIC): `to_engine` from the client's send to the simulator's handler (client,
+    network, router), `engine_parse` the simulator's own parsing before the engine has it,
+    `engine_ttft` the engine's arrival to first token, `engine_write` first token to its chunk
+    written, `back` the rest: from that write to the client's first content (router,
+    network, client)."""
+    t = timed.get(r.request_id)
+    if t is None or r.ttft is None:
+        return None
+    _tag, received, arrived, first, written = t
+    return {
+        "to_engine": 1000 * (received - r.sent_at),
+        "engine_parse": 1000 * (arrived - received),
+        "engine_ttft": 1000 * (first - arrived),
+        "engine_write": 1000 * (written - first),
+        "back": 1000 * (r.sent_at + r.ttft - written),
+    }
+
+
+def timings_by_id(stats: list[dict]) -> dict[str, Sequence[Any]]:
+    return {t[0]: t for s in stats for t in s.get("timings", ())}
+
+
+def split_p50s(results: list[Result], stats: list[dict]) -> dict[str, float | None]:
+    """Median of each piece of the TTFT over the requests the simulators timed."""
+    timed = timings_by_id(stats)
+    parts: dict[str, list[float]] = {k: [] for k in SPLIT}
+    for r in results:
+        split = ttft_split(r, timed)
+        if split is not None:
+            for k, v in split.items():
+                parts[k].append(v)
+    out: dict[str, float | None] = {}
+    for k, values in parts.items():
+        p = percentile(values, 50)
+        out[k] = None if p is None else round(p, 3)
+    return out
+
+
 def write_requests(results: list[Result], started: float, stats: list[dict], path: str) -> None:
     """One JSON object per request, in the order they finished, with its TTFT split where
-    the simulator timed it (all in ms; the clocks are one, CLOCK_MONOTONIC):
-    `to_engine_ms` from the client's send to the simulator's handler (client, network, router),
-    `engine_parse_ms` the simulator's own parsing before the engine has it, `engine_ttft_ms`
-    the engine's arrival to first token, `engine_write_ms` first token to its chunk written,
-    `back_ms` the rest: from the simulator's write to the client's first content (router,
-    network, client)."""
-    timed = {t[0]: t for s in stats for t in s.get("timings", ())}
+    the simulator timed it (`<piece>_ms`, see ttft_split)."""
+    timed = timings_by_id(stats)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with Path(path).open("w") as f:
         for r in results:
             row = asdict(r)
             row["sent_at"] = round(r.sent_at - started, 6)
-            t = timed.get(r.request_id)
-            if t is not None and r.ttft is not None:
-                _tag, received, arrived, first, written = t
-                row["to_engine_ms"] = round(1000 * (received - r.sent_at), 3)
-                row["engine_parse_ms"] = round(1000 * (arrived - received), 3)
-                row["engine_ttft_ms"] = round(1000 * (first - arrived), 3)
-                row["engine_write_ms"] = round(1000 * (written - first), 3)
-                row["back_ms"] = round(1000 * (r.sent_at + r.ttft - written), 3)
+            row["sent_perf"] = r.sent_at  # perf_counter: to join with other processes' clocks
+            split = ttft_split(r, timed)
+            for k, v in (split or {}).items():
+                row[f"{k}_ms"] = round(v, 3)
             f.write(json.dumps(row) + "\n")
 
 

@@ -149,6 +149,12 @@ def _ratio(a: dict, b: dict, key: str) -> tuple[float, str]:
     return ratio, text
 
 
+def _split(row: dict) -> str:
+    s = row["ttft_split_p50_ms"]
+    return (f"{s['to_engine']:.2f} + {s['engine_parse'] + s['engine_write']:.2f} "
+            f"+ {s['back']:.2f}")
+
+
 def checks(rows: list[dict], overhead: dict | None) -> list[tuple[str, str, bool | None]]:
     """The issue's acceptance figures, computed from the committed JSON (never typed in).
     With repeats, each is judged on the medians; the spreads are shown beside them."""
@@ -187,6 +193,10 @@ def checks(rows: list[dict], overhead: dict | None) -> list[tuple[str, str, bool
         _, text = _ratio(p, rr, "engine_ttft_p50_ms")
         out.append(("(diagnostic) the same ratio at the engines (arrival to first token)",
                     text, None))
+    if p and rr and p.get("ttft_split_p50_ms") and rr.get("ttft_split_p50_ms"):
+        out.append(("(diagnostic) the rest of a TTFT, medians in ms: to the engine (client, "
+                    "router, network), the simulator's parse and write, back (router, "
+                    "network, client)", f"prefix {_split(p)}; round-robin {_split(rr)}", None))
     up = _get(rows, "unique", "prefix")
     ul = _get(rows, "unique", "least-loaded")
     if up and ul and up["ttft_p50_ms"] and ul["ttft_p50_ms"]:

@@ -54,5 +54,20 @@ def test_requests_out_splits_a_timed_request(tmp_path: Path):
     assert rows[0]["sent_at"] == 1.0
     assert rows[0]["to_engine_ms"] == 1.0
     assert rows[0]["engine_ttft_ms"] == pytest.approx(46.8)
+    assert rows[0]["engine_parse_ms"] == pytest.approx(0.2)
     assert rows[0]["back_ms"] == pytest.approx(1.7)
     assert "to_engine_ms" not in rows[1]
+
+
+def test_split_medians_over_the_timed_requests():
+    from bench.run import split_p50s
+
+    rs = [Result(0, i, 10.0 + i, 0.040 + i / 1000, 0.5, True, 200, 8, 64, 100, "u",
+                 request_id=f"r{i}") for i in range(3)]
+    stats = [{"timings": [[f"r{i}", 10.001 + i, 10.0011 + i, 10.039 + i, 10.0392 + i]
+                          for i in range(3)]}, {"timings": []}]
+    got = split_p50s(rs, stats)
+    assert got["to_engine"] == 1.0 and got["engine_parse"] == 0.1
+    assert got["engine_ttft"] == 37.9 and got["engine_write"] == 0.2
+    assert got["back"] == 1.8  # r1: 11.041 - 11.0392
+    assert split_p50s(rs, [{}]) == dict.fromkeys(got)

@@ -50,3 +50,19 @@ def test_checks_judge_medians_and_show_per_round_ratios():
                     "c", "m")
     got = {name: ok for name, _, ok in checks([slow, rr], None)}
     assert got["system-prompts: prefix TTFT p50 <= 0.23 x round-robin"] is False  # 46/198
+
+
+def test_split_medians_merge_key_by_key_and_show_as_a_diagnostic():
+    def with_split(run: dict, to: float, back: float) -> dict:
+        return {**run, "ttft_split_p50_ms": {"to_engine": to, "engine_parse": 0.1,
+                                             "engine_ttft": 40.0, "engine_write": 0.2,
+                                             "back": back}}
+
+    p = pair_row([with_split(_run("prefix", "system-prompts", 45.0, 42.0), to, 0.4)
+                  for to in (1.2, 1.4, 1.3)], "c", "m")
+    assert p["ttft_split_p50_ms"]["to_engine"] == 1.3
+    rr = pair_row([with_split(_run("round-robin", "system-prompts", 190.0, 188.0, hit=0.47),
+                              1.25, 0.7)], "c", "m")
+    rows = {c[0]: c[1] for c in checks([p, rr], None)}
+    text = next(v for k, v in rows.items() if k.startswith("(diagnostic) the rest"))
+    assert text == "prefix 1.30 + 0.30 + 0.40; round-robin 1.25 + 0.30 + 0.70"
