@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ import aiohttp
 from .fleet import Fleet, free_port
 from .loadgen import _one, run_load
 from .stats import percentile, percentiles_ms
+from .suite import _machine
 from .workloads import build, messages_for
 
 MODEL = "sim-zero"
@@ -179,20 +179,6 @@ async def probe(
         if means["upstream_first_byte"] is None
         else round(1000 * means["upstream_first_byte"], 3),
     }
-
-
-def _machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import os
-
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
 def write_readme(out: Path, results: list[dict[str, Any]]) -> None:
