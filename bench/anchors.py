@@ -312,16 +312,16 @@ async def engine_ttft(urls: list[str]) -> tuple[float, float]:
     engine's own TTFT (arrival at the engine to first token), without network or router."""
     import aiohttp
 
+    from .stats import histogram_sum_count
+
     total = count = 0.0
     async with aiohttp.ClientSession() as s:
         for u in urls:
             async with s.get(u + "/metrics") as r:
                 text = await r.text()
-            for line in text.splitlines():
-                if line.startswith("vllm:time_to_first_token_seconds_sum"):
-                    total += float(line.rsplit(" ", 1)[1])
-                elif line.startswith("vllm:time_to_first_token_seconds_count"):
-                    count += float(line.rsplit(" ", 1)[1])
+            one_sum, one_count = histogram_sum_count(text, "vllm:time_to_first_token_seconds")
+            total += one_sum
+            count += one_count
     return total, count
 
 

@@ -32,8 +32,9 @@ from typing import Any
 import aiohttp
 
 from .fleet import Fleet, free_port
-from .loadgen import _one, run_load
-from .stats import percentile, percentiles_ms
+from .loadgen import Result, _one, run_load
+from .run import timings_by_id, ttft_split
+from .stats import histogram_sum_count, percentile, percentiles_ms
 from .suite import _machine
 from .workloads import build, messages_for
 
@@ -44,23 +45,12 @@ PATHS = ("direct", "pipe", "router")
 OUT = Path("bench/results/first-chunk")
 
 
-def _histogram(text: str, name: str) -> tuple[float, float]:
-    """(sum, count) of the Prometheus histogram `name` in exposition `text`."""
-    total = count = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "_sum"):
-            total = float(line.rsplit(" ", 1)[1])
-        elif line.startswith(name + "_count"):
-            count = float(line.rsplit(" ", 1)[1])
-    return total, count
-
-
 async def _router_means(http: aiohttp.ClientSession, url: str) -> dict[str, tuple[float, float]]:
     async with http.get(url + "/metrics") as r:
         text = await r.text()
     return {
-        "decision": _histogram(text, "prefix_router_decision_seconds"),
-        "upstream_first_byte": _histogram(text, "prefix_router_ttft_seconds"),
+        "decision": histogram_sum_count(text, "prefix_router_decision_seconds"),
+        "upstream_first_byte": histogram_sum_count(text, "prefix_router_ttft_seconds"),
     }
 
 
@@ -115,7 +105,7 @@ async def probe(
                              progress=False)
                 )
                 await asyncio.sleep(2.0)  # let it reach its rate
-            sent: dict[str, tuple[str, float, float]] = {}  # tag -> (path, sent at, ttft)
+            sent: dict[str, list[Result]] = {p: [] for p in PATHS}
             for rnd in range(rounds):
                 print(f"  round {rnd + 1}/{rounds}: {len(bodies)} requests per path", flush=True)
                 for i, msgs in enumerate(bodies):
@@ -128,7 +118,8 @@ async def probe(
                         if not res.ok or res.ttft is None:
                             raise RuntimeError(f"{p}: request failed: {res.status} {res.error}")
                         ttfts[p].append(res.ttft)
-                        sent[tag] = (p, res.sent_at, res.ttft)
+                        res.request_id = tag
+                        sent[p].append(res)
                         if before is not None:
                             after = await _router_means(http, router.url)
                             for k in router_seen:
@@ -138,25 +129,28 @@ async def probe(
                 bg_task.cancel()
                 await asyncio.gather(bg_task, return_exceptions=True)
             async with http.get(sim.url + "/stats") as r:
-                timings = (await r.json())["timings"]
+                timed = timings_by_id([await r.json()])
     # Each TTFT split where the simulator timed it: to the simulator's handler, the
     # simulator's own part (parse to first chunk written), and back to the client.
     parts: dict[str, dict[str, list[float]]] = {
         p: {"to_engine": [], "engine": [], "back": []} for p in PATHS
     }
-    for tag, received, _arrived, _first, written in timings:
-        if tag not in sent:
-            continue
-        p, t0, ttft = sent[tag]
-        parts[p]["to_engine"].append(received - t0)
-        parts[p]["engine"].append(written - received)
-        parts[p]["back"].append(t0 + ttft - written)
+    for p in PATHS:
+        for res in sent[p]:
+            split = ttft_split(res, timed)
+            if split is None:
+                continue
+            parts[p]["to_engine"].append(split["to_engine"])
+            parts[p]["engine"].append(
+                split["engine_parse"] + split["engine_ttft"] + split["engine_write"]
+            )
+            parts[p]["back"].append(split["back"])
     figures: dict[str, Any] = {}
     for p in PATHS:
         figures[p] = {"requests": len(ttfts[p]), **percentiles_ms(ttfts[p])}
         figures[p]["ttft_mean_ms"] = round(1000 * sum(ttfts[p]) / len(ttfts[p]), 3)
         for part, values in parts[p].items():
-            figures[p][f"{part}_p50_ms"] = round(1000 * (percentile(values, 50) or 0.0), 3)
+            figures[p][f"{part}_p50_ms"] = round(percentile(values, 50) or 0.0, 3)
     p50 = {p: percentile(ttfts[p], 50) or 0.0 for p in PATHS}
     means = {k: (v[0] / v[1] if v[1] else None) for k, v in router_seen.items()}
     return {

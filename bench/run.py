@@ -213,8 +213,9 @@ async def run(cfg: RunConfig) -> dict:
         stats = await fetch_stats(sim_urls)
         decisions, counters = await fetch_router_figures(targets)
         calls = await redis_calls(url) - calls_before if cfg.store == "redis" else 0
+    timed = timings_by_id(stats)
     if cfg.requests_out:
-        write_requests(log.results, log.started, stats, cfg.requests_out)
+        write_requests(log.results, log.started, timed, cfg.requests_out)
     ok = [r for r in log.results if r.ok]
     ttfts = [r.ttft for r in ok if r.ttft is not None]
     e2es = [r.e2e for r in ok if r.e2e is not None]
@@ -247,7 +248,7 @@ async def run(cfg: RunConfig) -> dict:
         "engine_ttft_p99_ms": ms(percentile(engine_ttfts, 99)),
         # Each TTFT in pieces (every request carries an x-request-id the simulators time):
         # medians of to-the-engine, the simulator's parse, the engine, its write, and back.
-        "ttft_split_p50_ms": split_p50s(log.results, stats),
+        "ttft_split_p50_ms": split_p50s(log.results, timed),
         "e2e_p50_ms": ms(percentile(e2es, 50)),
         "e2e_p99_ms": ms(percentile(e2es, 99)),
         "throughput_rps": round(len(ok) / wall, 3) if wall else 0.0,
@@ -296,9 +297,10 @@ def timings_by_id(stats: list[dict]) -> dict[str, Sequence[Any]]:
     return {t[0]: t for s in stats for t in s.get("timings", ())}
 
 
-def split_p50s(results: list[Result], stats: list[dict]) -> dict[str, float | None]:
+def split_p50s(
+    results: list[Result], timed: dict[str, Sequence[Any]]
+) -> dict[str, float | None]:
     """Median of each piece of the TTFT over the requests the simulators timed."""
-    timed = timings_by_id(stats)
     parts: dict[str, list[float]] = {k: [] for k in SPLIT}
     for r in results:
         split = ttft_split(r, timed)
@@ -312,10 +314,11 @@ def split_p50s(results: list[Result], stats: list[dict]) -> dict[str, float | No
     return out
 
 
-def write_requests(results: list[Result], started: float, stats: list[dict], path: str) -> None:
+def write_requests(
+    results: list[Result], started: float, timed: dict[str, Sequence[Any]], path: str
+) -> None:
     """One JSON object per request, in the order they finished, with its TTFT split where
     the simulator timed it (`<piece>_ms`, see ttft_split)."""
-    timed = timings_by_id(stats)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with Path(path).open("w") as f:
         for r in results:

@@ -30,3 +30,14 @@ def ms(x: float | None) -> float | None:
 def percentiles_ms(values: Sequence[float], name: str = "ttft") -> dict[str, float | None]:
     """`<name>_p50_ms`, `<name>_p90_ms`, `<name>_p99_ms` of `values` (seconds)."""
     return {f"{name}_p{q}_ms": ms(percentile(values, q)) for q in (50, 90, 99)}
+
+
+def histogram_sum_count(text: str, name: str) -> tuple[float, float]:
+    """(sum, count) of the Prometheus histogram `name` in exposition `text` (unlabelled)."""
+    total = count = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "_sum"):
+            total = float(line.rsplit(" ", 1)[1])
+        elif line.startswith(name + "_count"):
+            count = float(line.rsplit(" ", 1)[1])
+    return total, count
