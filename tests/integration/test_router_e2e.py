@@ -178,6 +178,13 @@ async def test_upstream_timeout_is_504(fleet: Fleet, start_sims, tmp_path: Path)
         assert json.loads(raw)["error"]["type"] == "timeout"
 
 
+async def _slow_engines_routed(fleet: Fleet, start_sims, n: int):
+    """`n` engines 20 times slower than the 70B profile (seconds of prefill) behind a router."""
+    sims = await start_sims(fleet, n, profile="llama-3.1-70b-h100", time_scale=20.0)
+    router = await fleet.start_router("router", sims, policy="prefix", kv_capacity=100_000)
+    return sims, router
+
+
 async def _stream_events(r: aiohttp.ClientResponse) -> list[bytes]:
     return [line[5:].strip() async for line in r.content if line.startswith(b"data:")]
 
@@ -185,8 +192,7 @@ async def _stream_events(r: aiohttp.ClientResponse) -> list[bytes]:
 async def test_stream_headers_precede_the_first_token(fleet: Fleet, start_sims):
     # 200 and the headers as soon as the engine took the request, while it still prefills
     # (seconds here): the client's work on them overlaps the prefill, as with the engine itself
-    sims = await start_sims(fleet, 1, profile="llama-3.1-70b-h100", time_scale=20.0)
-    router = await fleet.start_router("router", sims, policy="prefix", kv_capacity=100_000)
+    sims, router = await _slow_engines_routed(fleet, start_sims, 1)
     async with aiohttp.ClientSession() as s:
         t0 = time.perf_counter()
         async with s.post(
@@ -210,8 +216,7 @@ async def test_stream_retried_into_the_same_response_when_its_engine_dies(
 ):
     # The engine answered 200 (so did the router) and died before the first token: the
     # stream is served whole by the other engine, the client sees one complete stream.
-    sims = await start_sims(fleet, 2, profile="llama-3.1-70b-h100", time_scale=20.0)
-    router = await fleet.start_router("router", sims, policy="prefix", kv_capacity=100_000)
+    sims, router = await _slow_engines_routed(fleet, start_sims, 2)
     async with aiohttp.ClientSession() as s:
         async with s.post(
             router.url + "/v1/chat/completions",
@@ -234,8 +239,7 @@ async def test_stream_retried_into_the_same_response_when_its_engine_dies(
 async def test_stream_no_engine_can_start_ends_with_an_error_event(fleet: Fleet, start_sims):
     # After the 200 went out, no engine starts the stream: it ends with an OpenAI error event
     # and [DONE] (vLLM's way of failing a stream), never hangs or cuts without a word.
-    sims = await start_sims(fleet, 1, profile="llama-3.1-70b-h100", time_scale=20.0)
-    router = await fleet.start_router("router", sims, policy="prefix", kv_capacity=100_000)
+    _sims, router = await _slow_engines_routed(fleet, start_sims, 1)
     async with aiohttp.ClientSession() as s:
         async with s.post(
             router.url + "/v1/chat/completions",
