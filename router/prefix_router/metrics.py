@@ -102,6 +102,20 @@ class RouterMetrics:
         self.healthy = Gauge(
             "prefix_router_backend_healthy", "1 if taking traffic", ["backend"], registry=r
         )
+        # the step rhythm the router reads from each backend's streams (steps.py)
+        self.step = Gauge(
+            "prefix_router_backend_step_seconds",
+            "a backend's usual engine step, from its streamed tokens",
+            ["backend"],
+            registry=r,
+        )
+        self.step_lead = Gauge(
+            "prefix_router_backend_step_lead_seconds",
+            "sending to a backend plus hearing back from it: how far the rhythm the router "
+            "sees lags the engine's",
+            ["backend"],
+            registry=r,
+        )
         self.table_entries = Gauge(
             "prefix_router_table_entries", "(block, backend) ownership entries", registry=r
         )
@@ -147,6 +161,12 @@ class RouterMetrics:
 
     def set_inflight(self, backend: str, value: float) -> None:
         self._child(self.inflight, backend).set(value)
+
+    def set_rhythm(self, backend: str, step: float | None, lead: float | None) -> None:
+        if step is not None:
+            self._child(self.step, backend).set(step)
+        if lead is not None:
+            self._child(self.step_lead, backend).set(lead)
 
     def set_working_set(self, tokens: float | None) -> None:
         """None: unknown, and the series shows no sample until a count comes."""

@@ -30,6 +30,7 @@ class Candidate:
     matched_blocks: int = 0  # leading prefix blocks the table says this backend holds
     occupancy: float = 0.0  # share of its KV capacity the table thinks is in use (0..1)
     tail_age: float = math.inf  # seconds since its coldest cached block was used, if full
+    step_wait: float = 0.0  # seconds until its current engine step should end (steps.py)
 
 
 @dataclass(slots=True)
@@ -70,6 +71,7 @@ def choose_prefix(
     prompt_blocks: int = 0,
     evict_weight: float = 0.0,
     load_slack: float = 0.0,
+    wait_tokens_per_s: float = 0.0,
 ) -> Decision:
     if not cands:
         raise ValueError("no candidates")
@@ -87,6 +89,7 @@ def choose_prefix(
             c.matched_blocks * block_tokens
             - pending_weight * c.pending_prefill
             - load_cost_tokens * c.inflight
+            - wait_tokens_per_s * c.step_wait
         )
         if evict and c.tail_age < math.inf:
             heat = (coldest_hot + _HEAT_FLOOR_S) / (c.tail_age + _HEAT_FLOOR_S)

@@ -148,6 +148,7 @@ async def _attempt(
     prefill = router.dispatch(plan, backend)
     first = False
     try:
+        sent = time.monotonic()
         try:
             upstream = await client.post(backend, path, raw, headers)
         except TimeoutError:
@@ -164,7 +165,9 @@ async def _attempt(
                 metrics.count_request(backend, f"status_{upstream.status}")
                 raise _Retryable(f"status {upstream.status}: {body[:200]!r}")
             if plan.parsed.stream and upstream.status == 200:
-                return await _stream(request, plan, router, upstream, backend, prefill, to)
+                return await _stream(
+                    request, plan, router, upstream, backend, prefill, to, sent
+                )
             try:
                 body = await upstream.read()
             except TimeoutError:
@@ -211,10 +214,19 @@ class _Relay:
     run` (system-prompts, 24 req/s, 60 s, `router_cpu_ms_per_request`, 2026-12-04): 4.80 ms
     a request before, 3.71 ms relayed; what is left is mostly the two socket calls per token."""
 
-    __slots__ = ("chunked", "gone", "sniff", "transport")
+    __slots__ = ("backend", "chunked", "gone", "router", "sniff", "transport")
 
-    def __init__(self, request: web.Request, resp: web.StreamResponse, first: bytes) -> None:
+    def __init__(
+        self,
+        request: web.Request,
+        resp: web.StreamResponse,
+        first: bytes,
+        router: Router,
+        backend: str,
+    ) -> None:
         self.transport = request.transport
+        self.router = router
+        self.backend = backend
         # aiohttp chose chunked framing when it prepared the response (HTTP/1.1, no length);
         # an HTTP/1.0 client gets the raw bytes and the end of the connection.
         self.chunked = resp.headers.get("Transfer-Encoding", "").lower() == "chunked"
@@ -222,6 +234,7 @@ class _Relay:
         self.gone = False
 
     def write(self, data: bytes) -> bool:
+        self.router.beat(self.backend)
         t = self.transport
         if t is None or t.is_closing():
             self.gone = True
@@ -261,6 +274,7 @@ async def _stream(
     backend: str,
     prefill: float,
     to: _Client,
+    sent: float,
 ) -> web.StreamResponse:
     metrics = router.metrics
     s = router.settings
@@ -287,11 +301,12 @@ async def _stream(
         router.backends.report_failure(backend, "empty stream")
         raise _Retryable("the upstream closed the stream before any data")
     router.first_byte(backend, prefill)
+    router.first_token(backend, sent)
     metrics.ttft.observe(time.perf_counter() - plan.started)
     outcome = "ok"
     try:
         await resp.write(chunk)
-        relay = _Relay(request, resp, chunk)
+        relay = _Relay(request, resp, chunk, router, backend)
         upstream.relay(relay.write)
         while not await upstream.relayed():
             # the client reads slower than the engine writes: wait for it, then go on

@@ -31,6 +31,7 @@ from .policy import (
     load_limit,
 )
 from .prefix import block_hashes, chain_seed, extend_hashes
+from .steps import StepClock
 from .store import TableStore
 from .warm import HandOver, HotPrefixes, plan_hand_over
 
@@ -71,6 +72,7 @@ class Router:
         self._ring = HashRing()
         self._block_bytes = settings.block_bytes
         self._uses_table = settings.policy == "prefix"
+        self.steps = StepClock()
         self.hot = HotPrefixes()
         self.hand_over = HandOver()
         self._warm = settings.warm_start and self._uses_table
@@ -87,6 +89,7 @@ class Router:
 
     def left(self, url: str) -> None:
         self.hand_over.forget(url)
+        self.steps.forget(url)
 
     def check_model(self, model: str) -> None:
         s = self.settings
@@ -135,6 +138,9 @@ class Router:
                 )
                 for b in healthy
             ]
+            wait_cost = s.step_wait_tokens_per_ms * 1000.0
+            if wait_cost:
+                self._step_waits(cands)
             key = hashes[0] if hashes else self._rng.getrandbits(64)
             decision = choose_prefix(
                 cands,
@@ -146,6 +152,7 @@ class Router:
                 prompt_blocks=len(hashes),
                 evict_weight=s.evict_weight,
                 load_slack=s.load_slack,
+                wait_tokens_per_s=wait_cost,
             )
             if self._warm and hashes:
                 now = time.monotonic()
@@ -183,6 +190,35 @@ class Router:
                 ),
             )
         return Plan(parsed, seed, hashes, prompt_tokens, decision, started)
+
+    def _step_waits(self, cands: list[Candidate]) -> None:
+        """Each candidate's wait for its current step to end; a backend whose rhythm is
+        unknown gets the others' mean, so not knowing neither draws nor repels requests."""
+        now = time.monotonic()
+        known = 0.0
+        n = 0
+        unknown: list[Candidate] = []
+        for c in cands:
+            w = self.steps.wait(c.name, now)
+            if w is None:
+                unknown.append(c)
+            else:
+                c.step_wait = w
+                known += w
+                n += 1
+        if unknown and n:
+            for c in unknown:
+                c.step_wait = known / n
+
+    def beat(self, backend: str) -> None:
+        """A streamed chunk from `backend` reached the router (its step rhythm)."""
+        self.steps.beat(backend, time.monotonic())
+
+    def first_token(self, backend: str, sent: float) -> None:
+        """The first chunk of a stream sent at `sent` (time.monotonic) reached the router."""
+        steps = self.steps
+        steps.first_token(backend, sent, time.monotonic())
+        self.metrics.set_rhythm(backend, steps.step(backend), steps.lead(backend))
 
     def _warm_start(
         self, decision: Decision, cands: list[Candidate], hashes: list[int], now: float

@@ -432,3 +432,36 @@ async def test_metrics_and_probes(fleet: Fleet, start_sims):
     ):
         assert name in text, name
     assert 'decision="hit"' in text
+
+
+def _gauge(text: str, name: str) -> list[float]:
+    return [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name)]
+
+
+async def test_router_reads_the_engines_step_rhythm(fleet: Fleet, start_sims):
+    # The 70B profile's decode step is 15 ms plus the KV read (profiles.py). Streams through the
+    # router must show it that rhythm, and their first tokens the lead, on real sockets.
+    sims = await start_sims(fleet, 1, profile="llama-3.1-70b-h100")
+    router = await fleet.start_router("router", sims, policy="prefix", kv_capacity=100_000)
+
+    async def stream(s: aiohttp.ClientSession, i: int, max_tokens: int) -> None:
+        body = chat(f"question {i}", max_tokens=max_tokens, stream=True)
+        async with s.post(router.url + "/v1/chat/completions", json=body) as r:
+            assert r.status == 200
+            await r.read()
+
+    async with aiohttp.ClientSession() as s:
+        await stream(s, 0, 4)  # the system prompt is cached from here on
+        background = [asyncio.create_task(stream(s, i, 150)) for i in range(1, 5)]
+        await asyncio.sleep(0.3)
+        for i in range(5, 45):  # short streams sent at every phase of the steps
+            await stream(s, i, 1)
+            await asyncio.sleep(0.007)
+        await asyncio.gather(*background)
+        async with s.get(router.url + "/metrics") as r:
+            text = await r.text()
+    (step,) = _gauge(text, "prefix_router_backend_step_seconds{")
+    (lead,) = _gauge(text, "prefix_router_backend_step_lead_seconds{")
+    assert 0.014 < step < 0.022, text
+    # sending and hearing back on loopback: above nothing, well under a step
+    assert 0.0 < lead < 0.008, text

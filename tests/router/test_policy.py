@@ -146,3 +146,31 @@ def test_load_slack_is_an_absolute_floor_under_the_bound():
     # at high load the relative bound is the larger one
     busy = [Candidate(n, 40) for n in "abc"]
     assert load_limit(busy, 0.25, slack=4) == math.ceil(1.25 * 121 / 3)
+
+
+def test_between_equal_owners_the_step_that_ends_first_wins():
+    # Both hold the prefix, both carry 3: the one whose engine step ends in 2 ms starts this
+    # request's prefill 10 ms sooner than the other (steps.py).
+    for a_wait, b_wait, want in ((0.012, 0.002, "b"), (0.002, 0.012, "a")):
+        cands = [
+            Candidate("a", 3, 0, 100, step_wait=a_wait),
+            Candidate("b", 3, 0, 100, step_wait=b_wait),
+        ]
+        d = choose_prefix(
+            cands, block_tokens=16, eps=0.5, load_cost_tokens=64, key=7, wait_tokens_per_s=12_600
+        )
+        assert (d.backend, d.reason) == (want, "hit")
+
+
+def test_step_wait_is_one_cost_among_the_others():
+    # 10 ms of wait is worth 126 tokens at 12,600 tokens/s: less than 4 more in flight cost
+    # (256), so the idler owner still wins; and no rhythm never outweighs a prefix match.
+    cands = [
+        Candidate("a", 1, 0, 100, step_wait=0.012),
+        Candidate("b", 5, 0, 100, step_wait=0.002),
+        Candidate("c", 1, 0, 0, step_wait=0.0),
+    ]
+    d = choose_prefix(
+        cands, block_tokens=16, eps=10, load_cost_tokens=64, key=7, wait_tokens_per_s=12_600
+    )
+    assert d.backend == "a"
