@@ -128,12 +128,12 @@ class RouterSettings(_Strict):
     # 1.0 measured better than 0 at load_bound 0.5 (hit rate 0.823-0.829 vs 0.820).
     evict_weight: float = Field(default=1.0, ge=0)
     # Cost, in prefill tokens, of each millisecond a request would wait on a backend for the
-    # engine step in progress there to end (steps.py); 0 turns the step rhythm off. A
-    # millisecond of prefill on the Llama-3.1-70B / 4 x H100 profile is 12.6 tokens; 40
-    # measured better than 12.6 and than 0 on system-prompts (bench/results/step-wait/): engine
-    # TTFT p50 41.5 against 42.2 and 42.7 ms, hit rate and imbalance alike. One more request in
-    # flight costs 64, so at 12.6 the rhythm rarely chose between two owners of a prefix.
-    step_wait_tokens_per_ms: float = Field(default=40.0, ge=0)
+    # engine step in progress there to end (steps.py); 0 turns the step rhythm off. 12.6 is
+    # what a millisecond of prefill computes on the Llama-3.1-70B / 4 x H100 profile (79 us a
+    # token): the wait and the prefill a match saves are then the same time. Measured
+    # (bench/results/long-point/, system-prompts, 24 req/s, 3 rounds): TTFT p50 45.0 ms against
+    # 45.8 with 0; 40 gave the same p50 (45.0) with a higher p90 and a lower hit rate.
+    step_wait_tokens_per_ms: float = Field(default=12.6, ge=0)
     # Scale-out: a replica that joins gets one request of each of the hottest prefixes at once
     # (until they carry its fair share), instead of waiting for misses (router/warm.py).
     # Off by default: measured (bench/results/scale-out) the bounded-load rule alone moved
