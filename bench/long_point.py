@@ -74,7 +74,7 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def readme(result: dict[str, Any]) -> str:
     """bench/results/long-point/README.md (pure)."""
     lines = [
-        "# Long points (issue 5)",
+        "# Long points: one workload and rate, router setups in turn, round after round",
         "",
         "Written by `python -m bench long-point` (bench/long_point.py says why and how).",
         "",
