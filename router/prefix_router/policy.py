@@ -83,6 +83,12 @@ def choose_prefix(
     # among the candidates (1 there, 0 for a backend with room), so the cost is in tokens.
     coldest_hot = min(c.tail_age for c in cands) if evict_weight else math.inf
     evict = evict_weight * block_tokens if coldest_hot < math.inf else 0.0
+    # The step wait is a one-off saving of milliseconds. Where a prefix nobody holds is placed
+    # decides where all its later requests go, so that is left to load and eviction alone:
+    # with the wait, misses followed the step phase and the busiest replica served 1.325 x the
+    # mean in two of three suite rounds (bench/results/routing, 2026-12-04 20:21).
+    if best_match == 0:
+        wait_tokens_per_s = 0.0
 
     def rank(c: Candidate) -> tuple[float, float, float, int]:
         score = (

@@ -174,3 +174,13 @@ def test_step_wait_is_one_cost_among_the_others():
         cands, block_tokens=16, eps=10, load_cost_tokens=64, key=7, wait_tokens_per_s=12_600
     )
     assert d.backend == "a"
+
+
+def test_a_new_prefix_is_placed_by_load_not_by_step_phase():
+    # Nobody holds it: b's step ends 14 ms sooner, but a carries 2 fewer, and the placement
+    # decides where every later request of this prefix goes.
+    cands = [Candidate("a", 1, 0, 0, step_wait=0.015), Candidate("b", 3, 0, 0, step_wait=0.001)]
+    d = choose_prefix(
+        cands, block_tokens=16, eps=10, load_cost_tokens=64, key=7, wait_tokens_per_s=12_600
+    )
+    assert (d.backend, d.reason) == ("a", "miss")
