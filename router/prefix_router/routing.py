@@ -139,7 +139,7 @@ class Router:
                 for b in healthy
             ]
             wait_cost = s.step_wait_tokens_per_ms * 1000.0
-            if wait_cost:
+            if wait_cost and any(matches.values()):  # choose_prefix ignores it on a miss
                 self._step_waits(cands)
             key = hashes[0] if hashes else self._rng.getrandbits(64)
             decision = choose_prefix(

@@ -79,14 +79,15 @@ def engine_events(
 @pytest.mark.parametrize("lead_to,lead_back", [(0.0011, 0.0007), (0.0035, 0.0015)])
 def test_the_lead_is_learned_from_first_tokens(lead_to: float, lead_back: float) -> None:
     c = StepClock()
-    for t, kind, sent in engine_events(lead_to, lead_back, 400):
+    events = engine_events(lead_to, lead_back, 400)
+    for t, kind, sent in events:
         if kind == "beat":
             c.beat(B, t)
         else:
             c.first_token(B, sent, t)
     assert c.lead(B) == pytest.approx(lead_to + lead_back, abs=0.0005)
     # and with it, the wait predicted is the wait the engine would impose
-    last = max(t for t, kind, _ in engine_events(lead_to, lead_back, 400) if kind == "beat")
+    last = max(t for t, kind, _ in events if kind == "beat")
     now = last + 0.004
     arrive = now + lead_to
     step_end = last - lead_back + STEP
