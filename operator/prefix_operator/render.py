@@ -289,6 +289,7 @@ def router_settings(model: Model) -> dict[str, Any]:
         "load_slack": r.load_slack,
         "load_cost_tokens": r.load_cost_tokens,
         "step_wait_tokens_per_ms": r.step_wait_tokens_per_ms,
+        "replicate_rate": r.replicate_rate,
         "max_owners": r.max_owners,
         "ttl_seconds": r.ttl_seconds,
         "kv_capacity_tokens": r.kv_capacity_tokens,

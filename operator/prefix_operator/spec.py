@@ -80,8 +80,9 @@ class RouterSpec(_Spec):
     load_bound: float = 0.5
     load_slack: float = 6.0
     load_cost_tokens: float = 64.0
-    step_wait_tokens_per_ms: float = 12.6
-    max_owners: int = 2
+    step_wait_tokens_per_ms: float = 30.0
+    replicate_rate: float = 1.0
+    max_owners: int = 0
     ttl_seconds: int = 600
     kv_capacity_tokens: int = 0
     cpu: str = "500m"

@@ -128,12 +128,20 @@ class RouterSettings(_Strict):
     # 1.0 measured better than 0 at load_bound 0.5 (hit rate 0.823-0.829 vs 0.820).
     evict_weight: float = Field(default=1.0, ge=0)
     # Cost, in prefill tokens, of each millisecond a request would wait on a backend for the
-    # engine step in progress there to end (steps.py); 0 turns the step rhythm off. 12.6 is
-    # what a millisecond of prefill computes on the Llama-3.1-70B / 4 x H100 profile (79 us a
-    # token): the wait and the prefill a match saves are then the same time. Measured
-    # (bench/results/long-point/, system-prompts, 24 req/s, 3 rounds): TTFT p50 45.0 ms against
-    # 45.8 with 0; 40 gave the same p50 (45.0) with a higher p90 and a lower hit rate.
-    step_wait_tokens_per_ms: float = Field(default=12.6, ge=0)
+    # engine step in progress there to end (steps.py); 0 turns the step rhythm off. 12.6 would
+    # be a millisecond of prefill on the Llama-3.1-70B / 4 x H100 profile (79 us a token); 30
+    # weighs the wait above that because what it is weighed against among the holders of a
+    # prefix is mostly the load term, a balance cost rather than time. Measured
+    # (bench/results/long-point/, system-prompts, 24 req/s, 60 s, 3 rounds): 0 gave TTFT p50
+    # 45.8 ms, 12.6 45.0; with replicate_rate 1, 30 gave 44.2 (twice) and 60 44.3.
+    step_wait_tokens_per_ms: float = Field(default=30.0, ge=0)
+    # Demand-driven copies: a shared prefix gets one more owner for every this many requests
+    # a second this router sends it (0 = off: copies only when the owners reach the load
+    # bound). More owners give its requests a choice of load and of engine step. Measured as
+    # above: TTFT p50 44.2 ms with 1 (and a step wait of 30) against 44.7 with neither; the
+    # copies cost a little hit rate (0.829 against 0.834) and so p90 (about 155 ms against
+    # 130). 0.75 copied more for no better p50; 1.5 gave 44.6.
+    replicate_rate: float = Field(default=1.0, ge=0)
     # Scale-out: a replica that joins gets one request of each of the hottest prefixes at once
     # (until they carry its fair share), instead of waiting for misses (router/warm.py).
     # Off by default: measured (bench/results/scale-out) the bounded-load rule alone moved

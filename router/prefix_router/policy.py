@@ -72,6 +72,7 @@ def choose_prefix(
     evict_weight: float = 0.0,
     load_slack: float = 0.0,
     wait_tokens_per_s: float = 0.0,
+    spread: bool = False,
 ) -> Decision:
     if not cands:
         raise ValueError("no candidates")
@@ -109,6 +110,16 @@ def choose_prefix(
     allowed.sort(key=rank, reverse=True)
     held.sort(key=rank, reverse=True)
     chosen = allowed[0] if allowed else held[0]
+    if spread and best_match:
+        # The prefix's demand wants one more owner (routing.py): the best backend within
+        # bounds that does not hold all of it takes this request and becomes one. More owners
+        # give later requests a choice of engine step (step_wait) and of load.
+        grow = next((c for c in allowed if c.matched_blocks < best_match), None)
+        if grow is not None:
+            allowed.remove(grow)
+            allowed.insert(0, grow)
+            order = [c.name for c in allowed[1:]] + [c.name for c in held]
+            return Decision(grow.name, "replicated", grow.matched_blocks, order)
     order = [c.name for c in allowed[1:]] + [c.name for c in held]
     if best_match == 0:
         reason = "miss"

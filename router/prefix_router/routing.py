@@ -138,9 +138,22 @@ class Router:
                 )
                 for b in healthy
             ]
+            best = max(c.matched_blocks for c in cands)
             wait_cost = s.step_wait_tokens_per_ms * 1000.0
-            if wait_cost and any(matches.values()):  # choose_prefix ignores it on a miss
+            if wait_cost and best:  # choose_prefix ignores it on a miss
                 self._step_waits(cands)
+            spread = False
+            if best and (self._warm or s.replicate_rate):
+                now = time.monotonic()
+                hot_key = hashes[best - 1]
+                self.hot.observe(hot_key, now)
+                if s.replicate_rate:
+                    owners = sum(1 for c in cands if c.matched_blocks >= best)
+                    # max_owners caps what the table records: past it, more copies would be
+                    # made and never seen, again and again
+                    spread = (not s.max_owners or owners < s.max_owners) and (
+                        self.hot.rate(hot_key, now) > owners * s.replicate_rate
+                    )
             key = hashes[0] if hashes else self._rng.getrandbits(64)
             decision = choose_prefix(
                 cands,
@@ -153,12 +166,10 @@ class Router:
                 evict_weight=s.evict_weight,
                 load_slack=s.load_slack,
                 wait_tokens_per_s=wait_cost,
+                spread=spread,
             )
             if self._warm and hashes:
-                now = time.monotonic()
-                if decision.matched_blocks:
-                    self.hot.observe(hashes[decision.matched_blocks - 1], now)
-                decision = self._warm_start(decision, cands, hashes, now)
+                decision = self._warm_start(decision, cands, hashes, time.monotonic())
         else:
             cands = [
                 Candidate(b.url, load.inflight(b.url), load.pending_prefill(b.url)) for b in healthy

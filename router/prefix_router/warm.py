@@ -46,6 +46,12 @@ class HotPrefixes:
         h.score = self._decayed(h, now) + 1.0
         h.at = now
 
+    def rate(self, key: int, now: float) -> float:
+        """Requests per second: a steady stream of r/s holds a decayed count of r / (ln 2 /
+        half-life), so the count times that is the rate (low for a prefix not seen for long)."""
+        h = self._heat.get(key)
+        return self._decayed(h, now) * self._rate if h is not None else 0.0
+
     def _prune(self, now: float) -> None:
         ranked = sorted(self._heat.items(), key=lambda kv: self._decayed(kv[1], now))
         for key, _ in ranked[: len(ranked) // 4 or 1]:

@@ -184,3 +184,34 @@ def test_a_new_prefix_is_placed_by_load_not_by_step_phase():
         cands, block_tokens=16, eps=10, load_cost_tokens=64, key=7, wait_tokens_per_s=12_600
     )
     assert (d.backend, d.reason) == ("a", "miss")
+
+
+def test_demand_for_another_owner_takes_the_best_non_owner_within_bounds():
+    # a and b hold the prefix; the router's demand estimate wants a third owner: of the
+    # others, c is over the bound and d is idler than e, so d takes it.
+    cands = [
+        Candidate("a", 2, 0, 100),
+        Candidate("b", 2, 0, 100),
+        Candidate("c", 9, 0, 0),
+        Candidate("d", 1, 0, 0),
+        Candidate("e", 3, 0, 0),
+    ]
+    d = choose_prefix(cands, block_tokens=16, eps=0.5, load_cost_tokens=64, key=7, spread=True)
+    assert (d.backend, d.reason) == ("d", "replicated")
+    assert d.order[:2] == ["a", "b"]  # the owners stay the first fallbacks
+    # without the demand the owners keep it
+    d = choose_prefix(cands, block_tokens=16, eps=0.5, load_cost_tokens=64, key=7)
+    assert d.reason == "hit" and d.backend in ("a", "b")
+
+
+def test_demand_for_another_owner_yields_when_every_backend_holds_it_or_is_full():
+    everyone = [Candidate("a", 2, 0, 100), Candidate("b", 1, 0, 100)]
+    d = choose_prefix(everyone, block_tokens=16, eps=0.5, load_cost_tokens=64, key=7, spread=True)
+    assert (d.backend, d.reason) == ("b", "hit")
+    full = [Candidate("a", 1, 0, 100), Candidate("b", 9, 0, 0)]
+    d = choose_prefix(full, block_tokens=16, eps=0.5, load_cost_tokens=64, key=7, spread=True)
+    assert (d.backend, d.reason) == ("a", "hit")
+    # a miss has no owner to add to: it is placed as any miss
+    cold = [Candidate("a", 2), Candidate("b", 1)]
+    d = choose_prefix(cold, block_tokens=16, eps=0.5, load_cost_tokens=64, key=7, spread=True)
+    assert (d.backend, d.reason) == ("b", "miss")

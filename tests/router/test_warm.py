@@ -55,3 +55,13 @@ def test_a_hand_over_is_used_once_by_the_deepest_matching_prefix_and_expires() -
     h.add({7: "n1", 8: "n2"}, now=0.0)
     h.forget("n1")
     assert len(h) == 1 and h.take([7, 8], now=1.0) == "n2"
+
+
+def test_the_rate_of_a_steady_stream_is_read_back_from_its_heat() -> None:
+    hot = HotPrefixes(half_life=10.0)
+    # 4 requests a second for 100 s (ten half-lives: the count has settled)
+    for i in range(400):
+        hot.observe(1, now=i * 0.25)
+    assert hot.rate(1, now=100.0) == pytest.approx(4.0, rel=0.05)
+    assert hot.rate(1, now=110.0) == pytest.approx(2.0, rel=0.05)  # one half-life unused
+    assert hot.rate(2, now=100.0) == 0.0  # never seen
