@@ -215,3 +215,14 @@ def test_demand_for_another_owner_yields_when_every_backend_holds_it_or_is_full(
     cold = [Candidate("a", 2), Candidate("b", 1)]
     d = choose_prefix(cold, block_tokens=16, eps=0.5, load_cost_tokens=64, key=7, spread=True)
     assert (d.backend, d.reason) == ("b", "miss")
+
+
+def test_a_long_step_on_the_owner_never_sends_its_request_elsewhere():
+    # Under overload an engine's step can be a whole chunk of prefill (0.6 s here): at 30
+    # tokens/ms that wait would outweigh the 1,600 matched tokens. The wait only ranks the
+    # owners against each other, so the request stays with its owner.
+    cands = [Candidate("a", 1, 0, 100, step_wait=0.6), Candidate("b", 0, 0, 0, step_wait=0.0)]
+    d = choose_prefix(
+        cands, block_tokens=16, eps=10, load_cost_tokens=64, key=7, wait_tokens_per_s=30_000
+    )
+    assert (d.backend, d.reason) == ("a", "hit")
