@@ -120,19 +120,22 @@ def choose_prefix(
     held = [c for c in cands if c.inflight + 1 > limit]
     allowed.sort(key=rank, reverse=True)
     held.sort(key=rank, reverse=True)
+    # The prefix's demand wants one more owner (routing.py): the best backend within bounds
+    # that does not hold all of it takes this request and becomes one. More owners give later
+    # requests a choice of engine step (step_wait) and of load.
+    grow = (
+        next((c for c in allowed if c.matched_blocks < best_match), None)
+        if spread and best_match
+        else None
+    )
+    if grow is not None:
+        allowed.remove(grow)
+        allowed.insert(0, grow)
     chosen = allowed[0] if allowed else held[0]
-    if spread and best_match:
-        # The prefix's demand wants one more owner (routing.py): the best backend within
-        # bounds that does not hold all of it takes this request and becomes one. More owners
-        # give later requests a choice of engine step (step_wait) and of load.
-        grow = next((c for c in allowed if c.matched_blocks < best_match), None)
-        if grow is not None:
-            allowed.remove(grow)
-            allowed.insert(0, grow)
-            order = [c.name for c in allowed[1:]] + [c.name for c in held]
-            return Decision(grow.name, "replicated", grow.matched_blocks, order)
     order = [c.name for c in allowed[1:]] + [c.name for c in held]
-    if best_match == 0:
+    if grow is not None:
+        reason = "replicated"
+    elif best_match == 0:
         reason = "miss"
     elif chosen.matched_blocks == best_match:
         reason = "hit"
