@@ -136,10 +136,12 @@ class RouterSettings(_Strict):
     # 45.8 ms, 12.6 45.0; with replicate_rate 1, 30 gave 44.2 (twice) and 60 44.3.
     step_wait_tokens_per_ms: float = Field(default=30.0, ge=0)
     # Demand-driven copies: a shared prefix gets one more owner for every this many requests
-    # a second this router sends it (0 = off: copies only when the owners reach the load
-    # bound). More owners give its requests a choice of load and of engine step. Measured as
-    # above: TTFT p50 44.2 ms with 1 (and a step wait of 30) against 44.7 with neither; the
-    # copies cost a little hit rate (0.829 against 0.834) and so p90 (about 155 ms against
+    # a second it gets (0 = off: copies only when the owners reach the load bound). With a
+    # shared store the demand is what this router sends times the live routers (a Service
+    # spreads requests evenly), so the setting means the same for any number of routers.
+    # More owners give its requests a choice of load and of engine step. Measured as above:
+    # TTFT p50 44.2 ms with 1 (and a step wait of 30) against 44.7 with neither; the copies
+    # cost a little hit rate (0.829 against 0.834) and so p90 (about 155 ms against
     # 130). 0.75 copied more for no better p50; 1.5 gave 44.6.
     replicate_rate: float = Field(default=1.0, ge=0)
     # Scale-out: a replica that joins gets one request of each of the hottest prefixes at once

@@ -257,6 +257,7 @@ class RedisStore:
         self._late = 0  # lookups past their budget whose reply has not come yet
         self.load_source = None  # set by the app: a LoadTracker
         self._window: deque[tuple[float, float, float]] = deque()
+        self._routers = 1  # live routers sharing the store, as last counted (load timer)
         self._ws_blocks = 0  # distinct blocks in the working-set window, as last counted
         self._ws_counted_at: float | None = None  # time.monotonic() of that count
         self._published: dict[str, tuple[int, int]] | None = None  # load as last published
@@ -559,6 +560,11 @@ class RedisStore:
         self._recent.expire()
         return self._fallback.expire()
 
+    def routers(self) -> int:
+        """Live routers as of the last load read; 1 while Redis is down (each router then
+        routes on its own table, and its own demand is all it can see)."""
+        return 1 if self._down else self._routers
+
     def entries(self) -> int:
         return self._fallback.entries()
 
@@ -684,6 +690,7 @@ class RedisStore:
                 # republished even if unchanged: it refreshes the key's expiry (the lease)
                 self._publish_load(pipe, force=True)
                 pipe.zremrangebyscore(routers, "-inf", now - LOAD_EXPIRY_S)
+                pipe.zcount(routers, now - LOAD_EXPIRY_S, "+inf")
                 # Lookups bring the others' load with each request; this read keeps it
                 # current when requests are rare or all answered from the near-cache.
                 pipe.evalsha(self._sha["loads"], 0, self._prefix, self.router_id,
@@ -696,6 +703,8 @@ class RedisStore:
                 res = await pipe.execute()
                 self.timer_round_trips += 1
                 k = len(res) - len(models)
+                # this router's own heartbeat is in the same pipeline, so it counts itself
+                self._routers = max(int(res[k - 3]), 1)
                 self._take_remote_load(res[k - 2])
                 self._ws_blocks = res[k - 1]
                 self._ws_counted_at = time.monotonic()

@@ -151,8 +151,10 @@ class Router:
                     owners = sum(1 for c in cands if c.matched_blocks >= best)
                     # max_owners caps what the table records: past it, more copies would be
                     # made and never seen, again and again
+                    # the demand of the whole fleet: this router sees its share of it
+                    demand = self.hot.rate(hot_key, now) * self.store.routers()
                     spread = (not s.max_owners or owners < s.max_owners) and (
-                        self.hot.rate(hot_key, now) > owners * s.replicate_rate
+                        demand > owners * s.replicate_rate
                     )
             key = hashes[0] if hashes else self._rng.getrandbits(64)
             decision = choose_prefix(

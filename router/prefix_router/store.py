@@ -29,6 +29,9 @@ class TableStore(Protocol):
     def observe(self, prompt_tokens: float, predicted_cached: float) -> None: ...
     def expire(self) -> int: ...
     def entries(self) -> int: ...
+    # live router replicas sharing this store (this one included): a Service spreads the
+    # requests over them, so one router sees about 1/routers of each prefix's demand
+    def routers(self) -> int: ...
     @property
     def degraded(self) -> bool: ...
     async def start(self) -> None: ...
@@ -95,6 +98,9 @@ class LocalStore:
 
     def entries(self) -> int:
         return sum(len(t) for t in self._tables.values())
+
+    def routers(self) -> int:
+        return 1
 
     @property
     def degraded(self) -> bool:

@@ -101,15 +101,19 @@ async def test_load_is_shared_and_a_dead_router_stops_counting(redis_server):
     a, b = await pair(redis_server.url)
     la, lb = LoadTracker(), LoadTracker()
     a.load_source, b.load_source = la, lb
+    assert (a.routers(), b.routers()) == (1, 1)  # before the first load read
     try:
         for _ in range(4):
             la.start("http://e1", 0)
         await asyncio.sleep(0.6)
         assert lb.inflight("http://e1") == 4
         assert la.inflight("http://e1") == 4  # its own, not doubled
+        # each counts both routers, itself included (a prefix's demand is ~2 x what one sees)
+        assert (a.routers(), b.routers()) == (2, 2)
         await a.close()  # router A dies with 4 requests "in flight"
         await asyncio.sleep(3.6)
         assert lb.inflight("http://e1") == 0
+        assert b.routers() == 1
     finally:
         await b.close()
 
