@@ -71,6 +71,9 @@ def main(argv: list[str] | None = None) -> None:
     lp.add_argument("--setups", nargs="+", default=["prefix", "sglang-cache_aware"],
                     help="router names, or prefix,key=value[,key=value] (router settings)")
     lp.add_argument("--tag", default="", help="suffix of the result file (keeps other runs)")
+    hw = sub.add_parser("hit-wait", help="where a hit's TTFT goes, from --requests-out files")
+    hw.add_argument("files", nargs="+")
+    hw.add_argument("--profile", default="llama-3.1-70b-h100")
     from .first_chunk import add_arguments as first_chunk_arguments
 
     first_chunk_arguments(sub.add_parser(
@@ -149,6 +152,10 @@ def main(argv: list[str] | None = None) -> None:
                             args.tag)
         for setup, fig in r["summary"].items():
             print(setup, fig)
+    elif args.cmd == "hit-wait":
+        from .hit_wait import main as hit_wait_main
+
+        print(hit_wait_main(args.files, args.profile))
     elif args.cmd == "first-chunk":
         from .first_chunk import main as first_chunk_main
 
