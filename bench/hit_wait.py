@@ -61,9 +61,7 @@ def hit_wait(records: Iterable[dict[str, Any]], profile: str = "llama-3.1-70b-h1
     }
     if hits:
         out["hit_uncached_tokens_p50"] = _q(uncached, 0.5)
-        out["hit_step_ms_p50"] = round(
-            1000 * (prof.step_base_s + prof.prefill_per_token_s * _q(uncached, 0.5)), 2
-        )
+        out["hit_step_ms_p50"] = round(step_ms + per_token_ms * _q(uncached, 0.5), 2)
         out["hit_wait_ms"] = {
             f"p{int(100 * p)}": round(_q(waits, p), 2) for p in (0.1, 0.25, 0.5, 0.75, 0.9)
         }

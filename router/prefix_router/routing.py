@@ -149,10 +149,10 @@ class Router:
                 self.hot.observe(hot_key, now)
                 if s.replicate_rate:
                     owners = sum(1 for c in cands if c.matched_blocks >= best)
-                    # max_owners caps what the table records: past it, more copies would be
-                    # made and never seen, again and again
                     # the demand of the whole fleet: this router sees its share of it
                     demand = self.hot.rate(hot_key, now) * self.store.routers()
+                    # max_owners caps what the table records: past it, more copies would be
+                    # made and never seen, again and again
                     spread = (not s.max_owners or owners < s.max_owners) and (
                         demand > owners * s.replicate_rate
                     )
