@@ -71,9 +71,15 @@ async def errors_as_json(
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
+        message = exc.reason or "error"
+        if exc.status == 404:
+            message = f"no route for {request.method} {request.path}"
+        elif exc.status == 405:
+            allowed = exc.headers.get("Allow", "")
+            message = f"{request.method} is not allowed on {request.path} (allowed: {allowed})"
         return web.Response(
             status=exc.status,
-            body=error_body(exc.status, exc.reason or "error"),
+            body=error_body(exc.status, message),
             content_type="application/json",
             headers={k: v for k, v in exc.headers.items() if k.lower() == "allow"},
         )
@@ -98,6 +104,9 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
         return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise RequestError(413, f"the request body is over the limit of {limit} bytes") from None
+    except web.RequestPayloadError as exc:
+        # e.g. a Content-Encoding the body does not decode with
+        raise RequestError(400, f"the request body cannot be read: {exc}", close=True) from None
 
 
 async def _completions(request: web.Request, kind: Kind) -> web.StreamResponse:
@@ -160,10 +169,6 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(
         body=generate_latest(router.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
     )
-
-
-async def not_found(request: web.Request) -> web.Response:
-    raise RequestError(404, f"no route for {request.method} {request.path}")
 
 
 def build_app(
@@ -229,7 +234,6 @@ def build_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
-    app.router.add_route("*", "/{tail:.*}", not_found)
     return app
 
 

@@ -28,6 +28,7 @@ class RequestError(Exception):
         param: str | None = None,
         code: str | None = None,
         retry_after: int | None = None,
+        close: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -35,6 +36,8 @@ class RequestError(Exception):
         self.param = param
         self.code = code
         self.retry_after = retry_after
+        # The connection cannot carry another request (its body could not be read to its end).
+        self.close = close
 
 
 def error_body(
@@ -54,9 +57,12 @@ def error_body(
 
 def error_response(err: RequestError) -> web.Response:
     headers = {"Retry-After": str(err.retry_after)} if err.retry_after is not None else None
-    return web.Response(
+    resp = web.Response(
         status=err.status,
         body=error_body(err.status, err.message, err.param, err.code),
         content_type="application/json",
         headers=headers,
     )
+    if err.close:
+        resp.force_close()  # says `Connection: close`, so the client does not reuse it
+    return resp

@@ -109,6 +109,20 @@ def parse_request(raw: bytes, kind: Kind, salt_from_header: str | None = None) -
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RequestError(400, f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise RequestError(400, "the request body is nested too deeply") from None
+    try:
+        return _parse_body(body, kind, salt_from_header)
+    except UnicodeEncodeError as exc:
+        # JSON may escape a lone UTF-16 surrogate ("\ud800"); that is no Unicode text, and
+        # no tokenizer takes it.
+        raise RequestError(
+            400, f"the request holds a lone surrogate ({exc.object[exc.start]!r}), which is "
+            "not valid Unicode text",
+        ) from None
+
+
+def _parse_body(body: Any, kind: Kind, salt_from_header: str | None) -> ParsedRequest:
     if not isinstance(body, dict):
         raise RequestError(400, "the request body must be a JSON object")
     model = body.get("model")
@@ -134,6 +148,10 @@ def parse_request(raw: bytes, kind: Kind, salt_from_header: str | None = None) -
     salt = body.get("cache_salt")
     if salt is not None and not isinstance(salt, str):
         raise RequestError(400, "'cache_salt' must be a string", param="cache_salt")
+    if salt is None:
+        salt = salt_from_header
+    if salt is not None:
+        salt.encode()  # the key's seed is made of it: refuse what cannot be encoded, here
     opts = body.get("stream_options")
     include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
     return ParsedRequest(
@@ -142,7 +160,7 @@ def parse_request(raw: bytes, kind: Kind, salt_from_header: str | None = None) -
         stream=stream,
         body=body,
         canonical=canonical,
-        cache_salt=salt if salt is not None else salt_from_header,
+        cache_salt=salt,
         include_usage=include_usage,
     )
 

@@ -27,17 +27,18 @@ from aiohttp import web
 from .errors import RequestError, error_body
 from .responses import read_json, read_sse
 from .routing import Plan, Router
-from .upstream import UpstreamClient, UpstreamError, UpstreamResponse
+from .upstream import UpstreamClient, UpstreamConnectTimeout, UpstreamError, UpstreamResponse
 
 log = logging.getLogger("prefix_router.proxy")
 
 # Request headers not to pass on (hop-by-hop, or set by the upstream client: Host and
-# Content-Length).
+# Content-Length; aiohttp has already decoded a body sent with a Content-Encoding).
 _DROP_REQUEST = frozenset(
     h.lower()
     for h in (
         "host",
         "content-length",
+        "content-encoding",
         "connection",
         "keep-alive",
         "transfer-encoding",
@@ -64,16 +65,25 @@ class _Retryable(Exception):
 
 
 class _Client:
-    """The client's side of one request: its stream, once its headers were sent."""
+    """The client's side of one request: its stream, once its headers were sent, and whether
+    the attempt in progress has had its first byte counted (`router.first_byte`, once)."""
 
-    __slots__ = ("stream",)
+    __slots__ = ("first", "stream")
 
     def __init__(self) -> None:
         self.stream: web.StreamResponse | None = None
+        self.first = False
 
 
-def _timeout(s_timeout: float) -> RequestError:
-    return RequestError(504, f"the upstream did not answer within {s_timeout}s")
+def _timeout(router: Router, backend: str, exc: TimeoutError) -> RequestError:
+    """A read timeout: the engine took the request and sent nothing for that long. It counts
+    against the backend (a hung engine is ejected like a dead one), but the request is not
+    sent again: the engine may still be working on it."""
+    router.backends.report_failure(backend, f"timeout: {exc}")
+    router.metrics.count_request(backend, "timeout")
+    return RequestError(
+        504, f"the upstream did not answer within {router.settings.upstream_timeout_s}s"
+    )
 
 
 def upstream_headers(request: web.Request) -> dict[str, str]:
@@ -121,9 +131,13 @@ async def forward(
         return await _end_with_error(to.stream, err)
 
 
-async def _end_with_error(stream: web.StreamResponse, err: RequestError) -> web.StreamResponse:
-    """The client's 200 and headers are out but no body: end its stream with the error."""
-    event = b"data: " + error_body(err.status, err.message, err.param, err.code) + b"\n\n"
+async def _end_with_error(
+    stream: web.StreamResponse, err: RequestError, before: bytes = b""
+) -> web.StreamResponse:
+    """The client's 200 and headers are out: end its stream with the error, as an SSE event
+    (after `before`), then `[DONE]`."""
+    event = before + b"data: " + error_body(err.status, err.message, err.param, err.code)
+    event += b"\n\n"
     try:
         await stream.write(event + b"data: [DONE]\n\n")
         await stream.write_eof()
@@ -143,17 +157,20 @@ async def _attempt(
     path: str,
     to: _Client,
 ) -> web.StreamResponse:
-    s = router.settings
     metrics = router.metrics
     prefill = router.dispatch(plan, backend)
-    first = False
+    to.first = False
     try:
         sent = time.monotonic()
         try:
             upstream = await client.post(backend, path, raw, headers)
-        except TimeoutError:
-            metrics.count_request(backend, "timeout")
-            raise _timeout(s.upstream_timeout_s) from None
+        except UpstreamConnectTimeout as exc:
+            # never reached the engine: as safe to try elsewhere as a refused connection
+            router.backends.report_failure(backend, f"connect: {exc}")
+            metrics.count_request(backend, "connect_error")
+            raise _Retryable(f"{type(exc).__name__}: {exc}") from None
+        except TimeoutError as exc:
+            raise _timeout(router, backend, exc) from None
         except (UpstreamError, OSError) as exc:
             router.backends.report_failure(backend, f"connect: {exc!r}")
             metrics.count_request(backend, "connect_error")
@@ -170,15 +187,14 @@ async def _attempt(
                 )
             try:
                 body = await upstream.read()
-            except TimeoutError:
-                metrics.count_request(backend, "timeout")
-                raise _timeout(s.upstream_timeout_s) from None
+            except TimeoutError as exc:
+                raise _timeout(router, backend, exc) from None
             except UpstreamError as exc:
                 # Nothing was sent to the client yet, so another backend can still serve it.
                 router.backends.report_failure(backend, f"read: {exc!r}")
                 metrics.count_request(backend, "read_error")
                 raise _Retryable(f"{type(exc).__name__}: {exc}") from None
-            first = True
+            to.first = True
             router.first_byte(backend, prefill)
             metrics.ttft.observe(time.perf_counter() - plan.started)
             outcome = "ok" if upstream.status < 400 else f"status_{upstream.status}"
@@ -201,7 +217,7 @@ async def _attempt(
                 router.learn(plan, backend, answer, usage)
             return resp
     finally:
-        if not first:
+        if not to.first:
             router.first_byte(backend, prefill)
         router.finished(backend)
 
@@ -277,7 +293,6 @@ async def _stream(
     sent: float,
 ) -> web.StreamResponse:
     metrics = router.metrics
-    s = router.settings
     resp = to.stream
     if resp is None:
         resp = web.StreamResponse(
@@ -290,9 +305,8 @@ async def _stream(
     # Until the first chunk a failure can still be retried elsewhere, into this response.
     try:
         chunk = await upstream.readany()
-    except TimeoutError:
-        metrics.count_request(backend, "timeout")
-        raise _timeout(s.upstream_timeout_s) from None
+    except TimeoutError as exc:
+        raise _timeout(router, backend, exc) from None
     except UpstreamError as exc:
         router.backends.report_failure(backend, f"stream: {exc!r}")
         metrics.count_request(backend, "read_error")
@@ -300,10 +314,11 @@ async def _stream(
     if not chunk:
         router.backends.report_failure(backend, "empty stream")
         raise _Retryable("the upstream closed the stream before any data")
+    to.first = True
     router.first_byte(backend, prefill)
     router.first_token(backend, sent)
     metrics.ttft.observe(time.perf_counter() - plan.started)
-    outcome = "ok"
+    relay: _Relay | None = None
     try:
         await resp.write(chunk)
         relay = _Relay(request, resp, chunk, router, backend)
@@ -318,22 +333,29 @@ async def _stream(
             raise ConnectionResetError("the client went away")
         sniff = relay.sniff
     except (UpstreamError, TimeoutError) as exc:
-        # Bytes already reached the client; the stream can only be ended, not retried.
-        outcome = "stream_cut"
+        # Bytes already reached the client; the stream can only be ended, not retried. It
+        # ends with an error event, as vLLM ends a stream that fails, so the client can tell
+        # a cut answer from a whole one.
         router.backends.report_failure(backend, f"stream cut: {exc!r}")
         log.warning("stream from %s cut after the first byte: %r", backend, exc)
+        metrics.count_request(backend, "stream_cut")
+        sent_so_far = relay.sniff if relay is not None else chunk
+        # an event the engine had half sent is closed first, so the error is an event of its own
+        sep = b"" if sent_so_far.endswith(b"\n\n") else b"\n\n"
+        err = RequestError(502, f"the stream from {backend} was cut: {exc}")
+        await _end_with_error(resp, err, sep)
+        return resp
     except (asyncio.CancelledError, ConnectionResetError):
         # The client went away (its handler cancelled, or a write to it failed): leaving
         # `async with upstream` closes the upstream connection, so the engine aborts.
         metrics.count_request(backend, "client_gone")
         raise
-    metrics.count_request(backend, outcome)
+    metrics.count_request(backend, "ok")
     try:
         await resp.write_eof()
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
         pass
-    if outcome == "ok":
-        router.backends.report_success(backend)
-        answer, usage = read_sse(bytes(sniff), plan.parsed.kind)
-        router.learn(plan, backend, answer, usage)
+    router.backends.report_success(backend)
+    answer, usage = read_sse(bytes(sniff), plan.parsed.kind)
+    router.learn(plan, backend, answer, usage)
     return resp

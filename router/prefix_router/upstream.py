@@ -26,7 +26,7 @@ After the first byte nothing is ever sent again; that is for the caller (proxy.p
 
 Errors: `UpstreamConnectError` (could not connect, or the connection closed before any byte of
 the answer), `UpstreamError` (the answer was cut or malformed), `UpstreamTimeout` (a
-`TimeoutError`: the connect or read timeout).
+`TimeoutError`: the connect or read timeout; `UpstreamConnectTimeout` for the connect one).
 """
 
 from __future__ import annotations
@@ -58,6 +58,11 @@ class UpstreamConnectError(UpstreamError):
 
 class UpstreamTimeout(TimeoutError):
     """No connection within the connect timeout, or no byte within the read timeout."""
+
+
+class UpstreamConnectTimeout(UpstreamTimeout):
+    """No connection within the connect timeout: the request never reached the engine, so
+    another one may serve it."""
 
 
 class Headers(dict[str, str]):
@@ -443,7 +448,7 @@ class _Pool:
                     lambda: _Connection(self), self.host, self.port, ssl=self.ssl
                 )
         except TimeoutError:
-            raise UpstreamTimeout(
+            raise UpstreamConnectTimeout(
                 f"no connection to {self.name} within {self.connect_timeout:g}s"
             ) from None
         except OSError as exc:

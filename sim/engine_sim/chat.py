@@ -21,7 +21,11 @@ def _content(content: Any) -> str:
     if isinstance(content, list):
         out = []
         for part in content:
-            if isinstance(part, dict) and part.get("type") == "text":
+            if isinstance(part, str):
+                out.append(part)
+            elif not isinstance(part, dict):
+                raise ValueError("each content part must be an object with a type")
+            elif part.get("type") == "text":
                 out.append(str(part.get("text", "")))
             else:
                 out.append(json.dumps(part, sort_keys=True, separators=(",", ":")))

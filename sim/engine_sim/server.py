@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from .chat import render_chat
 from .engine import Engine, Request
 from .metrics import EngineMetrics
-from .tokenizer import count_tokens, token_ids_to_bytes, tokenize, tokenize_bytes
+from .tokenizer import VOCAB_SIZE, count_tokens, token_ids_to_bytes, tokenize, tokenize_bytes
 
 ENGINE: web.AppKey[Engine] = web.AppKey("engine", Engine)
 METRICS: web.AppKey[EngineMetrics] = web.AppKey("metrics", EngineMetrics)
@@ -43,10 +43,20 @@ async def json_errors(request: web.Request, handler) -> web.StreamResponse:
         return await handler(request)
     except BadRequest as e:
         return error(e.status, str(e), e.param)
+    except UnicodeEncodeError as e:
+        # JSON may escape a lone UTF-16 surrogate; no tokenizer takes that as text
+        return error(400, f"the request holds a lone surrogate ({e.object[e.start]!r})")
     except web.HTTPException as e:
         if e.status < 400:
             raise
-        return error(e.status, e.reason or "error")
+        if e.status == 404:
+            # SGLang's model-info probes land here too: 404 keeps its router from fetching a
+            # tokenizer.
+            return error(404, f"Not Found: {request.path}")
+        resp = error(e.status, e.reason or "error")
+        if "Allow" in e.headers:
+            resp.headers["Allow"] = e.headers["Allow"]
+        return resp
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
@@ -54,6 +64,10 @@ async def _body(request: web.Request) -> dict[str, Any]:
         body = json.loads(await request.read())
     except (ValueError, UnicodeDecodeError) as e:
         raise BadRequest(f"JSON decode error: {e}") from None
+    except RecursionError:
+        raise BadRequest("JSON decode error: nested too deeply") from None
+    except web.RequestPayloadError as e:
+        raise BadRequest(f"the request body cannot be read: {e}") from None
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     return body
@@ -107,6 +121,9 @@ def _prompt_bytes(body: dict[str, Any], chat: bool) -> bytes:
         and prompt
         and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**32 for t in prompt)
     ):
+        for t in prompt:
+            if t >= VOCAB_SIZE:
+                raise BadRequest(f"Token id {t} is out of vocabulary", param="prompt")
         return token_ids_to_bytes(prompt)
     if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, str) for p in prompt):
         raise BadRequest("batched prompts are not supported by the simulator", param="prompt")
@@ -131,6 +148,15 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest("stream must be a boolean", param="stream")
+    opts = body.get("stream_options")
+    if opts is not None:
+        # vLLM's checks, in its words
+        if not stream:
+            raise BadRequest(
+                "Stream options can only be defined when `stream=True`.", param="stream_options"
+            )
+        if not isinstance(opts, dict):
+            raise BadRequest("stream_options must be an object", param="stream_options")
     max_tokens = _max_tokens(body, chat)
     prompt = _prompt_bytes(body, chat)
     ptoks = count_tokens(prompt)
@@ -148,7 +174,6 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     r = engine.submit(prompt, max_tokens, seed)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     created = int(time.time())
-    opts = body.get("stream_options")
     include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
     replica = app[CONF]["replica_id"]
     try:
@@ -304,8 +329,10 @@ async def _render(request: web.Request, chat: bool) -> web.Response:
     model = _check_model(request, body)
     max_tokens = _max_tokens(body, chat)
     prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
+        prompt = prompt[0]  # one prompt of token ids, as a batch of one
     if not chat and isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
-        _prompt_bytes(body, chat)  # validates the ids
+        _prompt_bytes({"prompt": prompt}, chat)  # validates the ids
         ids = list(prompt)
     else:
         ids = tokenize_bytes(_prompt_bytes(body, chat))
@@ -361,11 +388,6 @@ async def reset(request: web.Request) -> web.Response:
     return web.json_response({"reset": True})
 
 
-async def not_found(request: web.Request) -> web.Response:
-    # SGLang's model-info probes land here too: 404 keeps its router from fetching a tokenizer.
-    return error(404, f"Not Found: {request.path}")
-
-
 def build_app(
     *, model: str, served: list[str], engine: Engine, max_model_len: int, replica_id: str
 ) -> web.Application:
@@ -411,5 +433,4 @@ def build_app(
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/stats", stats)
     app.router.add_post("/reset", reset)
-    app.router.add_route("*", "/{tail:.*}", not_found)
     return app

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import socket
@@ -78,3 +79,39 @@ async def test_garbage_never_crashes_the_router(routed):
     r = await client.post("/v1/completions", json={"model": MODEL, "prompt": "ok", "max_tokens": 1})
     assert r.status == 200
     assert app[ROUTER].backends.healthy()
+
+
+async def test_a_stream_releases_only_its_own_pending_prefill(fleet: Fleet, start_sims):
+    # A long non-streamed request holds its prefill as pending load until its answer; a short
+    # stream that starts and ends meanwhile must take off its own prefill, once.
+    sims = await start_sims(fleet, 1, profile="llama-3.1-70b-h100", time_scale=5.0)
+    settings = RouterSettings.model_validate(
+        {"discovery": {"backends": sims}, "kv_capacity_tokens": 100_000}
+    )
+    app = build_app(settings)
+    load = app[ROUTER].load
+    async with TestClient(TestServer(app)) as client:
+        long = asyncio.create_task(
+            client.post(
+                "/v1/completions",
+                json={"model": MODEL, "prompt": "long " * 3000, "max_tokens": 40},
+            )
+        )
+        for _ in range(100):
+            if load.pending_prefill(sims[0]) > 0:
+                break
+            await asyncio.sleep(0.01)
+        held = load.pending_prefill(sims[0])
+        assert held > 3000
+        r = await client.post(
+            "/v1/completions",
+            json={"model": MODEL, "prompt": "short " * 100, "max_tokens": 2, "stream": True},
+        )
+        assert r.status == 200
+        await r.read()
+        assert not long.done(), "the long request should still be running"
+        assert load.pending_prefill(sims[0]) == pytest.approx(held)
+        r = await long
+        assert r.status == 200
+        await r.read()
+    assert load.pending_prefill(sims[0]) == 0

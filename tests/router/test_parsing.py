@@ -77,6 +77,17 @@ def test_completions_prompt_forms():
         (body(model="m", prompt="x", stream="yes"), "completions", 400),
         (body(model=5, prompt="x"), "completions", 400),
         (b"\xff\xfe", "completions", 400),
+        (b"[" * 100_000 + b"]" * 100_000, "completions", 400),
+        # lone surrogates, which JSON can escape but no text encoding holds
+        (body(model="m", prompt="ab\ud800cd"), "completions", 400),
+        (body(model="m", prompt=["\udc00"]), "completions", 400),
+        (body(model="m", messages=[{"role": "user", "content": "a\udc00"}]), "chat", 400),
+        (
+            body(model="m", messages=[{"role": "u", "content": "x"}], tools=[{"x": "\ud800"}]),
+            "chat",
+            400,
+        ),
+        (body(model="m", prompt="x", cache_salt="\ud800"), "completions", 400),
     ],
 )
 def test_bad_input(raw, kind, status):
@@ -84,3 +95,13 @@ def test_bad_input(raw, kind, status):
         parse_request(raw, kind)
     assert e.value.status == status
     assert e.value.message
+
+
+def test_a_salt_header_that_is_not_text_is_400():
+    # aiohttp hands header bytes that are not UTF-8 over as surrogate escapes
+    with pytest.raises(RequestError) as e:
+        parse_request(body(model="m", prompt="x"), "completions", "t\udcff")
+    assert e.value.status == 400
+    assert parse_request(body(model="m", prompt="x"), "completions", "tenant").cache_salt == (
+        "tenant"
+    )

@@ -59,6 +59,11 @@ async def test_completion_render(client):
         await client.post("/v1/completions/render", json={"model": "m", "prompt": [5, 6, 7]})
     ).json()
     assert ids["token_ids"] == [5, 6, 7]
+    # one prompt of ids given as a batch of one is those ids, not a text to tokenize again
+    nested = await (
+        await client.post("/v1/completions/render", json={"model": "m", "prompt": [[5, 6, 7]]})
+    ).json()
+    assert nested["token_ids"] == [5, 6, 7]
 
 
 async def test_render_unknown_model_is_404(client):

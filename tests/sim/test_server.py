@@ -1,3 +1,4 @@
+import gzip
 import json
 
 import pytest
@@ -84,6 +85,32 @@ async def test_metrics_tokenize_models_health(client):
         ("/v1/chat/completions", {"model": "m", "messages": [{"content": "x"}]}, 400),
         ("/v1/chat/completions", {"model": "m", "messages": [{"role": "u", "content": 3}]}, 400),
         ("/v1/completions", {"model": "m", "prompt": "x", "stream": 1}, 400),
+        ("/v1/completions", b"[" * 100_000 + b"]" * 100_000, 400),
+        ("/v1/completions", b'{"model": "m", "prompt": "ab\\ud800cd"}', 400),
+        ("/tokenize", b'{"model": "m", "prompt": "ab\\ud800cd"}', 400),
+        ("/v1/completions/render", b'{"model": "m", "prompt": "\\udc00"}', 400),
+        (
+            "/v1/chat/completions",
+            b'{"model": "m", "messages": [{"role": "u", "content": "\\ud800"}]}',
+            400,
+        ),
+        ("/v1/completions", {"model": "m", "prompt": [1, 2, 128_256]}, 400),
+        ("/v1/chat/completions", {"model": "m", "messages": [{"role": "u", "content": [5]}]}, 400),
+        (
+            "/v1/chat/completions",
+            {"model": "m", "messages": [{"role": "u", "content": [None]}]},
+            400,
+        ),
+        (
+            "/v1/completions",
+            {"model": "m", "prompt": "x", "stream_options": {"include_usage": True}},
+            400,
+        ),
+        (
+            "/v1/completions",
+            {"model": "m", "prompt": "x", "stream": True, "stream_options": "x"},
+            400,
+        ),
     ],
 )
 async def test_bad_input_is_an_openai_error(client, path, body, status):
@@ -92,3 +119,21 @@ async def test_bad_input_is_an_openai_error(client, path, body, status):
     assert resp.status == status
     err = (await resp.json())["error"]
     assert err["message"] and err["type"] and err["code"] == status
+
+
+async def test_a_gzip_body_is_read_and_a_broken_one_is_400(client):
+    body = json.dumps({"model": "m", "prompt": "abcd", "max_tokens": 2}).encode()
+    gz = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    assert (
+        await client.post("/v1/completions", data=gzip.compress(body), headers=gz)
+    ).status == 200
+    resp = await client.post("/v1/completions", data=body, headers=gz)
+    assert resp.status == 400
+    assert (await resp.json())["error"]["code"] == 400
+
+
+async def test_a_wrong_method_is_405_with_allow(client):
+    resp = await client.get("/v1/completions")
+    assert resp.status == 405
+    assert "POST" in resp.headers["Allow"]
+    assert (await resp.json())["error"]["code"] == 405
