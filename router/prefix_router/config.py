@@ -104,7 +104,7 @@ class RouterSettings(_Strict):
     bytes_per_token: float = Field(default=4.0, gt=0)
     # Bounded load: no backend above ceil((1 + load_bound) * mean in-flight). 0.5 measured
     # better than 0.25 on system-prompts (engine hit rate 0.82-0.83 vs 0.81, same TTFT p50 and
-    # p99, imbalance 1.11): at 0.25 brief bursts on a hot prefix's owners made new copies of
+    # p99, imbalance 1.11; ad-hoc `bench run`s, not committed): at 0.25 brief bursts on a hot prefix's owners made new copies of
     # it, each one 2,000 tokens of prefill and of KV space taken from colder prefixes.
     load_bound: float = Field(default=0.5, ge=0, le=10)
     # An absolute floor under the bound: a backend may always hold mean + load_slack in flight.
@@ -120,12 +120,16 @@ class RouterSettings(_Strict):
     # sequence delays the others little, while moving a conversation re-prefills its history.
     load_cost_tokens: float = Field(default=64.0, ge=0)
     # Weight of a backend's pending prefill tokens against the prefill tokens a match saves.
-    # 0.5 measured better than 1.0 on system-prompts (hit 0.80 vs 0.79, same TTFT): a pending
-    # prefill delays this request once, a miss also costs a new copy of the prefix.
+    # Kept over 1.0 on system-prompts (bench/results/long-point/, pending-weight runs): 1.0
+    # gave TTFT p50 ~0.9 ms lower but hit rate 0.821 against 0.830 and p90 166 against 140 ms:
+    # a pending prefill delays this request once, a miss also costs a new copy of the prefix.
+    # Those runs predate 52bb234, before which a stream took its prefill off the pending load
+    # twice (the signal was weaker than this weight says); not re-tuned since.
     pending_weight: float = Field(default=0.5, ge=0)
     # Weight of the eviction a placement causes: tokens a backend must newly cache, times how
     # hot its coldest cached block still is relative to the other backends' (policy.py).
-    # 1.0 measured better than 0 at load_bound 0.5 (hit rate 0.823-0.829 vs 0.820).
+    # 1.0 measured better than 0 at load_bound 0.5 (hit rate 0.823-0.829 vs 0.820; ad-hoc
+    # `bench run`s, not committed).
     evict_weight: float = Field(default=1.0, ge=0)
     # Cost, in prefill tokens, of each millisecond a request would wait on a backend for the
     # engine step in progress there to end (steps.py); 0 turns the step rhythm off. 12.6 would
