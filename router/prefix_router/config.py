@@ -104,8 +104,9 @@ class RouterSettings(_Strict):
     bytes_per_token: float = Field(default=4.0, gt=0)
     # Bounded load: no backend above ceil((1 + load_bound) * mean in-flight). 0.5 measured
     # better than 0.25 on system-prompts (engine hit rate 0.82-0.83 vs 0.81, same TTFT p50 and
-    # p99, imbalance 1.11; ad-hoc `bench run`s, not committed): at 0.25 brief bursts on a hot prefix's owners made new copies of
-    # it, each one 2,000 tokens of prefill and of KV space taken from colder prefixes.
+    # p99, imbalance 1.11; ad-hoc `bench run`s, not committed): at 0.25 brief bursts on a hot
+    # prefix's owners made new copies of it, each one 2,000 tokens of prefill and of KV space
+    # taken from colder prefixes.
     load_bound: float = Field(default=0.5, ge=0, le=10)
     # An absolute floor under the bound: a backend may always hold mean + load_slack in flight.
     # 6 with load_cost_tokens 64 measured against 0 and 256 (bench/results/slack/): at low load

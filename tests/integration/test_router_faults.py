@@ -27,7 +27,9 @@ def _counter(text: str, name: str, **labels: str) -> float:
     """The sum of a metric's samples whose labels include `labels`."""
     total = 0.0
     for line in text.splitlines():
-        if line.startswith((name + "{", name + " ")) and all(f'{k}="{v}"' in line for k, v in labels.items()):
+        if line.startswith((name + "{", name + " ")) and all(
+            f'{k}="{v}"' in line for k, v in labels.items()
+        ):
             total += float(line.rsplit(" ", 1)[1])
     return total
 
