@@ -86,6 +86,14 @@ def _timeout(router: Router, backend: str, exc: TimeoutError) -> RequestError:
     )
 
 
+def _never_reached(router: Router, backend: str, exc: Exception) -> _Retryable:
+    """No connection, or none that carried the request: it counts against the backend, and
+    the request is as safe to send to the next candidate as if never sent."""
+    router.backends.report_failure(backend, f"connect: {exc!r}")
+    router.metrics.count_request(backend, "connect_error")
+    return _Retryable(f"{type(exc).__name__}: {exc}")
+
+
 def upstream_headers(request: web.Request) -> dict[str, str]:
     return {k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST}
 
@@ -164,17 +172,12 @@ async def _attempt(
         sent = time.monotonic()
         try:
             upstream = await client.post(backend, path, raw, headers)
-        except UpstreamConnectTimeout as exc:
-            # never reached the engine: as safe to try elsewhere as a refused connection
-            router.backends.report_failure(backend, f"connect: {exc}")
-            metrics.count_request(backend, "connect_error")
-            raise _Retryable(f"{type(exc).__name__}: {exc}") from None
+        except UpstreamConnectTimeout as exc:  # a TimeoutError, but one that never reached it
+            raise _never_reached(router, backend, exc) from None
         except TimeoutError as exc:
             raise _timeout(router, backend, exc) from None
         except (UpstreamError, OSError) as exc:
-            router.backends.report_failure(backend, f"connect: {exc!r}")
-            metrics.count_request(backend, "connect_error")
-            raise _Retryable(f"{type(exc).__name__}: {exc}") from None
+            raise _never_reached(router, backend, exc) from None
         async with upstream:
             if upstream.status in _RETRY_STATUS:
                 body = await upstream.read()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.fleet import Fleet, free_port
 
@@ -24,14 +25,13 @@ MODEL = "test-model"
 
 
 def _counter(text: str, name: str, **labels: str) -> float:
-    """The sum of a metric's samples whose labels include `labels`."""
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith((name + "{", name + " ")) and all(
-            f'{k}="{v}"' in line for k, v in labels.items()
-        ):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    """The sum of the samples named `name` whose labels include `labels`."""
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 async def _metrics(s: aiohttp.ClientSession, url: str) -> str:
