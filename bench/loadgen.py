@@ -8,13 +8,13 @@ oracle can replay exactly the same sequence.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 from dataclasses import dataclass, field
 from typing import Literal
 
 import aiohttp
+import msgspec
 
 from engine_sim.chat import render_chat
 
@@ -53,12 +53,73 @@ class RunLog:
 Api = Literal["chat", "completions"]
 
 
-def _delta_content(choice: dict) -> str | None:
-    return (choice.get("delta") or {}).get("content")
+class _Part(msgspec.Struct):
+    content: str | None = None
 
 
-def _text(choice: dict) -> str | None:
-    return choice.get("text")
+class _Choice(msgspec.Struct):
+    text: str | None = None  # completions
+    delta: _Part | None = None  # chat
+
+
+class _Details(msgspec.Struct):
+    cached_tokens: int | None = None
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    prompt_tokens_details: _Details | None = None
+
+
+class _Event(msgspec.Struct):
+    choices: list[_Choice] | None = None
+    usage: _Usage | None = None
+
+
+# Typed: only the fields read here are built (an event holds a dozen more).
+_EVENT = msgspec.json.Decoder(_Event)
+_DONE = b"[DONE]"
+
+
+def _content(event: _Event, api: Api) -> str:
+    out = ""
+    for ch in event.choices or ():
+        piece = ch.text if api == "completions" else (ch.delta.content if ch.delta else None)
+        if piece:
+            out += piece
+    return out
+
+
+def _first_content(buf: bytearray, start: int, api: Api) -> tuple[bool, int]:
+    """(whether a data line from `start` on carries content, where the unread lines start)."""
+    while True:
+        nl = buf.find(b"\n", start)
+        if nl < 0:
+            return False, start
+        line = bytes(buf[start:nl]).strip()
+        start = nl + 1
+        if line.startswith(b"data:"):
+            data = line[5:].strip()
+            if data != _DONE and _content(_EVENT.decode(data), api):
+                return True, start
+
+
+def _read_events(raw: bytes, api: Api) -> tuple[bool, str, _Usage | None]:
+    """(whether the stream ended with [DONE], the answer's text, the usage it reported)."""
+    parts: list[str] = []
+    usage = None
+    for line in raw.split(b"\n"):
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == _DONE:
+            return True, "".join(parts), usage
+        event = _EVENT.decode(data)
+        if event.usage is not None:
+            usage = event.usage
+        parts.append(_content(event, api))
+    return False, "".join(parts), usage
 
 
 async def _one(
@@ -80,19 +141,19 @@ async def _one(
     }
     if api == "chat":
         body["messages"] = msgs
-        path, field_of = "/v1/chat/completions", _delta_content
+        path = "/v1/chat/completions"
     else:
         # The prompt the simulator's chat template makes of these messages: the engine sees
         # the same bytes either way, so a completions run is the same work as a chat run.
         body["prompt"] = render_chat(msgs)
-        path, field_of = "/v1/completions", _text
+        path = "/v1/completions"
     t0 = time.perf_counter()
     ttft = None
-    parts: list[str] = []
-    usage = None
     done = False
     status = 0
     routed_to = reason = ""
+    answer = ""
+    usage: _Usage | None = None
     try:
         async with session_http.post(
             url + path,
@@ -108,41 +169,32 @@ async def _one(
                 return Result(
                     0, 0, t0, None, None, False, status, 0, None, None, url, text[:200]
                 ), ""
-            # Only the first content event is parsed on the way (it stops the TTFT clock);
-            # the rest is kept raw and parsed after the stream ends, so the client's own CPU
-            # work does not delay what it measures.
-            raw: list[bytes] = []
-            async for line in r.content:
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    done = True
-                    break
+            # The stream is read as the bytes come (one wake-up per read, not two line reads
+            # per event) and only up to its first content event is parsed on the way, as that
+            # stops the TTFT clock; the rest is parsed after the stream ends. So the client's
+            # own CPU delays what it measures as little as it can: reading by lines took 33
+            # us of its CPU a streamed token, this 24 (2026-12-05, this 2-core host).
+            buf = bytearray()
+            unread = 0
+            async for chunk in r.content.iter_any():
+                buf += chunk
                 if ttft is None:
-                    obj = json.loads(data)
-                    for ch in obj.get("choices") or ():
-                        if field_of(ch):
-                            ttft = time.perf_counter() - t0
-                raw.append(data)
+                    found, unread = _first_content(buf, unread, api)
+                    if found:
+                        ttft = time.perf_counter() - t0
+                if buf.endswith(b"data: [DONE]\n\n"):
+                    break  # what follows is only the end of the chunked body
             e2e = time.perf_counter() - t0
-            for data in raw:
-                obj = json.loads(data)
-                if obj.get("usage"):
-                    usage = obj["usage"]
-                for ch in obj.get("choices") or ():
-                    piece = field_of(ch)
-                    if piece:
-                        parts.append(piece)
+            done, answer, usage = _read_events(bytes(buf), api)
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         return Result(0, 0, t0, ttft, None, False, status, 0, None, None, url, repr(exc)), ""
-    answer = "".join(parts)
     cached = prompt = None
     out_tokens = 0
-    if usage:
-        prompt = usage.get("prompt_tokens")
-        out_tokens = usage.get("completion_tokens") or 0
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    if usage is not None:
+        prompt = usage.prompt_tokens
+        out_tokens = usage.completion_tokens or 0
+        if usage.prompt_tokens_details is not None:
+            cached = usage.prompt_tokens_details.cached_tokens
     ok = done and ttft is not None
     return Result(
         0,

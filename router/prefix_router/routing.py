@@ -2,8 +2,8 @@
 
 Order of work for one request: prefix key (chained block hashes) -> candidates (healthy
 backends serving the model) -> ownership lookup (one store call for the whole chain) -> policy
--> (forward, in proxy.py) -> record: ownership of the prompt at dispatch, of the next-turn prefix
-(prompt + answer) after the response, and the predicted-vs-reported cached tokens.
+-> (forward, in proxy.py) -> record: ownership of the prompt once it is sent, of the next-turn
+prefix (prompt + answer) after the response, and the predicted-vs-reported cached tokens.
 """
 
 from __future__ import annotations
@@ -252,16 +252,20 @@ class Router:
         return min(plan.decision.matched_blocks * self.settings.block_size, plan.prompt_tokens)
 
     def dispatch(self, plan: Plan, backend: str) -> float:
-        """Count the load and record ownership now, so concurrent requests follow."""
+        """Count the load now, so concurrent requests see it."""
         prefill = max(plan.prompt_tokens - self.predicted_tokens(plan, backend), 0.0)
         self.load.start(backend, prefill)
         self.metrics.set_inflight(backend, self.load.own_inflight(backend))
+        return prefill
+
+    def own(self, plan: Plan, backend: str) -> None:
+        """Record `backend` as the owner of the prompt, before the answer, so concurrent
+        requests with the same prefix follow it."""
         if self._uses_table and plan.hashes:
             # A backend newly owning this prefix is news the other routers need before their
             # next request with it; a hit only refreshes what they already know.
             new_owner = backend != plan.decision.backend or plan.decision.reason != "hit"
             self.store.record(plan.parsed.model, plan.hashes, backend, urgent=new_owner)
-        return prefill
 
     def first_byte(self, backend: str, prefill: float) -> None:
         self.load.first_byte(backend, prefill)
@@ -291,5 +295,5 @@ class Router:
             canonical = next_turn_canonical(plan.parsed, answer)
             nxt = extend_hashes(plan.hashes, canonical, self._block_bytes, plan.seed)
             if len(nxt) > len(plan.hashes):
-                # the prompt's blocks were recorded at dispatch: only the answer's are news
+                # the prompt's blocks were recorded when it was sent: only the answer's are news
                 self.store.record(plan.parsed.model, nxt, backend, known=len(plan.hashes))

@@ -217,36 +217,26 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
         )
         await resp.prepare(request)
         kind = "chat.completion.chunk" if chat else "text_completion"
+        # The events of one stream differ only in the piece (and the first and last in a field
+        # or two): the bytes around it are made once, not a dict and a json.dumps a token.
+        # Sim CPU a streamed token, 16 streams of 200 tokens: 19.2 us before, see the commit.
+        head = (
+            f'data: {{"id":{json.dumps(rid)},"object":"{kind}","created":{created},'
+            f'"model":{json.dumps(model)},"choices":[{{"index":0,'
+        ).encode()
+        opening = '"delta":{"role":"assistant","content":' if chat else '"text":'
+        then = '"delta":{"content":' if chat else '"text":'
+        close = "}" if chat else ""
+        going = (close + ',"logprobs":null,"finish_reason":null}]}\n\n').encode()
+        ending = (close + ',"logprobs":null,"finish_reason":"length"}]}\n\n').encode()
         first = True
         while True:
             piece = await r.out.get()
             if piece is None:
                 break
-            if chat:
-                delta: dict[str, Any] = {"content": piece}
-                if first:
-                    delta = {"role": "assistant", "content": piece}
-                choice = {
-                    "index": 0,
-                    "delta": delta,
-                    "logprobs": None,
-                    "finish_reason": "length" if r.done and r.out.empty() else None,
-                }
-            else:
-                choice = {
-                    "index": 0,
-                    "text": piece,
-                    "logprobs": None,
-                    "finish_reason": "length" if r.done and r.out.empty() else None,
-                }
-            chunk = {
-                "id": rid,
-                "object": kind,
-                "created": created,
-                "model": model,
-                "choices": [choice],
-            }
-            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            tail = ending if r.done and r.out.empty() else going
+            field = opening if first else then
+            await resp.write(head + (field + json.dumps(piece)).encode() + tail)
             if first:
                 first = False
                 tag = request.headers.get("x-request-id")
