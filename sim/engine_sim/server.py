@@ -234,7 +234,8 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
             piece = await r.out.get()
             if piece is None:
                 break
-            tail = ending if r.done and r.out.empty() else going
+            # the last piece: only the end-of-stream marker (None) is left behind it
+            tail = ending if r.done and r.out.qsize() <= 1 else going
             field = opening if first else then
             await resp.write(head + (field + json.dumps(piece)).encode() + tail)
             if first:

@@ -50,6 +50,31 @@ async def test_streaming_completion_ends_with_done_and_usage(client):
     assert chunks[-1]["usage"]["completion_tokens"] == 4
 
 
+async def test_streamed_chat_events_are_whole_openai_chunks(client):
+    # Events are assembled from bytes made once per stream: each must still be one JSON
+    # chunk with the fields and values an OpenAI client reads.
+    body = {"model": "m", "messages": [{"role": "user", "content": 'say "hi"'}]}
+    resp = await client.post(
+        "/v1/chat/completions", json={**body, "max_tokens": 3, "stream": True}
+    )
+    events = [
+        line[5:].strip() for line in (await resp.read()).split(b"\n") if line.startswith(b"data:")
+    ]
+    assert events[-1] == b"[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert len(chunks) == 3
+    assert len({c["id"] for c in chunks}) == 1 and chunks[0]["id"].startswith("chatcmpl-")
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    assert {c["model"] for c in chunks} == {"m"}
+    assert all(isinstance(c["created"], int) for c in chunks)
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert deltas[0]["role"] == "assistant" and all("role" not in d for d in deltas[1:])
+    reasons = [c["choices"][0]["finish_reason"] for c in chunks]
+    assert reasons == [None, None, "length"]
+    whole = await (await client.post("/v1/chat/completions", json={**body, "max_tokens": 3})).json()
+    assert "".join(d["content"] for d in deltas) == whole["choices"][0]["message"]["content"]
+
+
 async def test_metrics_tokenize_models_health(client):
     await client.post("/v1/completions", json={"model": "m", "prompt": "abcd" * 50})
     text = await (await client.get("/metrics")).text()

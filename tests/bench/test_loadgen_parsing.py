@@ -1,0 +1,58 @@
+"""The load generator's stream reading: where TTFT stops, what answer and usage it keeps."""
+
+import pytest
+
+from bench.loadgen import _first_content, _read_events
+
+ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+TOK_A = b'data: {"choices":[{"index":0,"delta":{"content":"ab"}}]}\n\n'
+TOK_B = b'data: {"choices":[{"index":0,"delta":{"content":"cd"}}]}\n\n'
+USAGE = (
+    b'data: {"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,'
+    b'"prompt_tokens_details":{"cached_tokens":8}}}\n\n'
+)
+DONE = b"data: [DONE]\n\n"
+
+
+def test_an_event_without_content_does_not_stop_the_clock():
+    buf = bytearray(ROLE)
+    found, unread = _first_content(buf, 0, "chat")
+    assert not found and unread == len(ROLE)
+    buf += TOK_A
+    found, _ = _first_content(buf, unread, "chat")
+    assert found
+
+
+def test_an_event_split_across_reads_is_read_once_whole():
+    stream = TOK_A
+    buf = bytearray(stream[:20])
+    found, unread = _first_content(buf, 0, "chat")
+    assert not found and unread == 0  # half a line: nothing consumed
+    buf += stream[20:]
+    assert _first_content(buf, unread, "chat")[0]
+
+
+def test_the_answer_usage_and_end_come_from_the_whole_stream():
+    done, text, usage = _read_events(ROLE + TOK_A + TOK_B + USAGE + DONE, "chat")
+    assert done and text == "abcd"
+    assert usage is not None and usage.prompt_tokens == 9 and usage.completion_tokens == 2
+    assert usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens == 8
+
+
+def test_a_stream_without_done_is_not_complete():
+    done, text, _ = _read_events(TOK_A + TOK_B, "chat")
+    assert not done and text == "abcd"
+
+
+def test_completions_read_text_and_crlf_lines():
+    ev = b'data: {"choices":[{"index":0,"text":"xy"}]}\r\n\r\n'
+    assert _first_content(bytearray(ev), 0, "completions")[0]
+    assert _read_events(ev + b"data: [DONE]\r\n\r\n", "completions")[:2] == (True, "xy")
+
+
+def test_an_event_that_is_not_json_is_an_error():
+    with pytest.raises(ValueError):
+        _read_events(b"data: {oops\n\n" + DONE, "chat")
+    with pytest.raises(ValueError):
+        _first_content(bytearray(b"data: {oops\n\n"), 0, "chat")
