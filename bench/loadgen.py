@@ -77,8 +77,9 @@ class _Event(msgspec.Struct):
     usage: _Usage | None = None
 
 
-# Typed: only the fields read here are built (an event holds a dozen more).
-_EVENT = msgspec.json.Decoder(_Event)
+# Typed: only the fields read here are built (an event holds a dozen more). Not strict: a
+# number sent as a string or a float passes, as it did through the standard library's json.
+_EVENT = msgspec.json.Decoder(_Event, strict=False)
 _DONE = b"[DONE]"
 
 
@@ -105,6 +106,18 @@ def _first_content(buf: bytearray, start: int, api: Api) -> tuple[bool, int]:
                 return True, start
 
 
+def _ends_done(buf: bytearray) -> bool:
+    """Whether the last complete line read is `data: [DONE]` (in any of its spellings: CRLF,
+    no space after the colon); what follows it is only the end of the body."""
+    end = len(buf)
+    while end and buf[end - 1] in b"\r\n":
+        end -= 1
+    if end == len(buf):
+        return False  # the last line is not complete yet
+    line = bytes(buf[max(buf.rfind(b"\n", 0, end) + 1, end - 64) : end]).strip()
+    return line.startswith(b"data:") and line[5:].strip() == _DONE
+
+
 def _read_events(raw: bytes, api: Api) -> tuple[bool, str, _Usage | None]:
     """(whether the stream ended with [DONE], the answer's text, the usage it reported)."""
     parts: list[str] = []
@@ -116,8 +129,9 @@ def _read_events(raw: bytes, api: Api) -> tuple[bool, str, _Usage | None]:
         if data == _DONE:
             return True, "".join(parts), usage
         event = _EVENT.decode(data)
-        if event.usage is not None:
-            usage = event.usage
+        u = event.usage
+        if u is not None and (u.prompt_tokens is not None or u.completion_tokens is not None):
+            usage = u
         parts.append(_content(event, api))
     return False, "".join(parts), usage
 
@@ -182,8 +196,8 @@ async def _one(
                     found, unread = _first_content(buf, unread, api)
                     if found:
                         ttft = time.perf_counter() - t0
-                if buf.endswith(b"data: [DONE]\n\n"):
-                    break  # what follows is only the end of the chunked body
+                if _ends_done(buf):
+                    break
             e2e = time.perf_counter() - t0
             done, answer, usage = _read_events(bytes(buf), api)
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:

@@ -170,9 +170,14 @@ async def _attempt(
     to.first = False
     try:
         sent = time.monotonic()
-        # The ownership record (~35 us for a 2,000-token prompt) runs once the request is
-        # written, when this task first waits, instead of between the client and the engine.
-        asyncio.get_running_loop().call_soon(router.own, plan, backend)
+        if router.is_news(plan, backend):
+            # now: a request already queued behind this one must see the new owner
+            router.own(plan, backend)
+        else:
+            # A hit's record only refreshes its blocks (~35 us for a 2,000-token prompt): it
+            # runs when this task first waits (on the answer, or on a new connection), not
+            # between the client and the engine.
+            asyncio.get_running_loop().call_soon(router.own, plan, backend)
         try:
             upstream = await client.post(backend, path, raw, headers)
         except UpstreamConnectTimeout as exc:  # a TimeoutError, but one that never reached it

@@ -258,14 +258,18 @@ class Router:
         self.metrics.set_inflight(backend, self.load.own_inflight(backend))
         return prefill
 
+    def is_news(self, plan: Plan, backend: str) -> bool:
+        """Whether sending `plan` to `backend` makes it a new owner of the prompt (a hit only
+        refreshes what the table, and the other routers, already know)."""
+        return backend != plan.decision.backend or plan.decision.reason != "hit"
+
     def own(self, plan: Plan, backend: str) -> None:
         """Record `backend` as the owner of the prompt, before the answer, so concurrent
         requests with the same prefix follow it."""
         if self._uses_table and plan.hashes:
-            # A backend newly owning this prefix is news the other routers need before their
-            # next request with it; a hit only refreshes what they already know.
-            new_owner = backend != plan.decision.backend or plan.decision.reason != "hit"
-            self.store.record(plan.parsed.model, plan.hashes, backend, urgent=new_owner)
+            # news is what the other routers need before their next request with this prefix
+            urgent = self.is_news(plan, backend)
+            self.store.record(plan.parsed.model, plan.hashes, backend, urgent=urgent)
 
     def first_byte(self, backend: str, prefill: float) -> None:
         self.load.first_byte(backend, prefill)

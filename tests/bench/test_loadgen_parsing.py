@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.loadgen import _first_content, _read_events
+from bench.loadgen import _ends_done, _first_content, _read_events
 
 ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
 TOK_A = b'data: {"choices":[{"index":0,"delta":{"content":"ab"}}]}\n\n'
@@ -56,3 +56,30 @@ def test_an_event_that_is_not_json_is_an_error():
         _read_events(b"data: {oops\n\n" + DONE, "chat")
     with pytest.raises(ValueError):
         _first_content(bytearray(b"data: {oops\n\n"), 0, "chat")
+
+
+@pytest.mark.parametrize(
+    "tail,done",
+    [
+        (DONE, True),
+        (b"data:[DONE]\r\n\r\n", True),
+        (b"data: [DONE]\n", True),
+        (b"data: [DONE]", False),  # the line may not be whole yet
+        (TOK_A, False),
+        (b": keep-alive\n\n", False),
+    ],
+)
+def test_the_read_stops_at_a_whole_done_line(tail, done):
+    assert _ends_done(bytearray(TOK_A + tail)) is done
+
+
+def test_an_empty_usage_does_not_replace_a_reported_one():
+    empty = b'data: {"choices":[],"usage":{}}\n\n'
+    _, _, usage = _read_events(USAGE + empty + DONE, "chat")
+    assert usage is not None and usage.prompt_tokens == 9
+
+
+def test_numbers_of_another_json_type_are_read_as_before():
+    ev = b'data: {"choices":[],"usage":{"prompt_tokens":9.0,"completion_tokens":"2"}}\n\n'
+    _, _, usage = _read_events(ev + DONE, "chat")
+    assert usage is not None and usage.prompt_tokens == 9 and usage.completion_tokens == 2
