@@ -92,18 +92,22 @@ def _content(event: _Event, api: Api) -> str:
     return out
 
 
+def _data(line: bytes) -> bytes | None:
+    """The payload of an SSE `data:` line (CR, spaces stripped); None for any other line."""
+    line = line.strip()
+    return line[5:].strip() if line.startswith(b"data:") else None
+
+
 def _first_content(buf: bytearray, start: int, api: Api) -> tuple[bool, int]:
     """(whether a data line from `start` on carries content, where the unread lines start)."""
     while True:
         nl = buf.find(b"\n", start)
         if nl < 0:
             return False, start
-        line = bytes(buf[start:nl]).strip()
+        data = _data(bytes(buf[start:nl]))
         start = nl + 1
-        if line.startswith(b"data:"):
-            data = line[5:].strip()
-            if data != _DONE and _content(_EVENT.decode(data), api):
-                return True, start
+        if data is not None and data != _DONE and _content(_EVENT.decode(data), api):
+            return True, start
 
 
 def _ends_done(buf: bytearray) -> bool:
@@ -114,8 +118,7 @@ def _ends_done(buf: bytearray) -> bool:
         end -= 1
     if end == len(buf):
         return False  # the last line is not complete yet
-    line = bytes(buf[max(buf.rfind(b"\n", 0, end) + 1, end - 64) : end]).strip()
-    return line.startswith(b"data:") and line[5:].strip() == _DONE
+    return _data(bytes(buf[max(buf.rfind(b"\n", 0, end) + 1, end - 64) : end])) == _DONE
 
 
 def _read_events(raw: bytes, api: Api) -> tuple[bool, str, _Usage | None]:
@@ -123,9 +126,9 @@ def _read_events(raw: bytes, api: Api) -> tuple[bool, str, _Usage | None]:
     parts: list[str] = []
     usage = None
     for line in raw.split(b"\n"):
-        if not line.startswith(b"data:"):
+        data = _data(line)
+        if data is None:
             continue
-        data = line[5:].strip()
         if data == _DONE:
             return True, "".join(parts), usage
         event = _EVENT.decode(data)
@@ -186,8 +189,9 @@ async def _one(
             # The stream is read as the bytes come (one wake-up per read, not two line reads
             # per event) and only up to its first content event is parsed on the way, as that
             # stops the TTFT clock; the rest is parsed after the stream ends. So the client's
-            # own CPU delays what it measures as little as it can: reading by lines took 33
-            # us of its CPU a streamed token, this 24 (2026-12-05, this 2-core host).
+            # own CPU delays what it measures as little as it can: reading by lines and
+            # decoding with json took 38.1 us of its CPU a streamed token, this 31.7
+            # (16 streams of 200 tokens from one simulator, 2026-12-05, this 2-core host).
             buf = bytearray()
             unread = 0
             async for chunk in r.content.iter_any():

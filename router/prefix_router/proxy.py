@@ -172,12 +172,12 @@ async def _attempt(
         sent = time.monotonic()
         if router.is_news(plan, backend):
             # now: a request already queued behind this one must see the new owner
-            router.own(plan, backend)
+            router.own(plan, backend, news=True)
         else:
             # A hit's record only refreshes its blocks (~35 us for a 2,000-token prompt): it
             # runs when this task first waits (on the answer, or on a new connection), not
             # between the client and the engine.
-            asyncio.get_running_loop().call_soon(router.own, plan, backend)
+            asyncio.get_running_loop().call_soon(router.own, plan, backend, False)
         try:
             upstream = await client.post(backend, path, raw, headers)
         except UpstreamConnectTimeout as exc:  # a TimeoutError, but one that never reached it

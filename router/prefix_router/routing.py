@@ -263,13 +263,12 @@ class Router:
         refreshes what the table, and the other routers, already know)."""
         return backend != plan.decision.backend or plan.decision.reason != "hit"
 
-    def own(self, plan: Plan, backend: str) -> None:
+    def own(self, plan: Plan, backend: str, news: bool) -> None:
         """Record `backend` as the owner of the prompt, before the answer, so concurrent
-        requests with the same prefix follow it."""
+        requests with the same prefix follow it. `news`: is_news(plan, backend), what the
+        other routers need before their next request with this prefix."""
         if self._uses_table and plan.hashes:
-            # news is what the other routers need before their next request with this prefix
-            urgent = self.is_news(plan, backend)
-            self.store.record(plan.parsed.model, plan.hashes, backend, urgent=urgent)
+            self.store.record(plan.parsed.model, plan.hashes, backend, urgent=news)
 
     def first_byte(self, backend: str, prefill: float) -> None:
         self.load.first_byte(backend, prefill)

@@ -33,7 +33,7 @@ async def test_a_first_placement_is_news_and_a_repeat_on_its_owner_is_not():
     assert first.decision.reason == "miss"
     owner = first.decision.backend
     assert router.is_news(first, owner)
-    router.own(first, owner)
+    router.own(first, owner, news=True)
     again = await router.plan(_parsed())
     assert again.decision.reason == "hit" and again.decision.backend == owner
     assert not router.is_news(again, owner)
