@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import sys
 
+from .provenance import stamp
 from .run import RunConfig, run, write_json
 from .workloads import WORKLOADS
 
@@ -128,7 +129,8 @@ def main(argv: list[str] | None = None) -> None:
             router_args=("--config", args.router_config) if args.router_config else (),
             requests_out=args.requests_out,
         )
-        write_json(asyncio.run(run(cfg)), args.json_out)
+        # host and time: the same code measured differently on the hosts sessions ran on
+        write_json({**asyncio.run(run(cfg)), **stamp()}, args.json_out)
     elif args.cmd == "overhead":
         from .overhead import measure
 

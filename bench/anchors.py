@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .fleet import Fleet, Proc, free_port
+from .provenance import now_utc
 
 CACHE = Path(os.environ.get("PREFIX_ROUTER_CACHE", "~/.cache/prefix-router")).expanduser()
 ANCHORS_DIR = CACHE / "anchors"
@@ -465,7 +466,7 @@ async def smoke(
     result = {
         "command": f"python -m bench anchors-smoke --sims {sims} --rate {rate:g} "
         f"--seconds {seconds:g}",
-        "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "measured_at": now_utc(),
         "sims": sims,
         "profile": "llama-3.1-70b-h100",
         "kv_capacity_tokens": kv,

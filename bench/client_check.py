@@ -32,6 +32,7 @@ from engine_sim.chat import render_chat
 from .compare import _git_version, router_info, settle, start_router
 from .fleet import Fleet
 from .loadgen import run_load
+from .provenance import machine, now_utc
 from .run import KV_CAPACITY, MODEL, fetch_stats, start_sims
 from .stats import percentiles_ms
 from .workloads import Workload, build, messages_for
@@ -192,7 +193,6 @@ def readme(result: dict[str, Any]) -> str:
 
 def main(workload: str, routers: list[str], rate: float, n: int) -> dict[str, Any]:
     from .anchors import PACKAGES
-    from .suite import _machine
 
     log_dir = Path("bench/.logs") / f"client-check-{int(time.time())}"
     rows = asyncio.run(check(workload, routers, rate, n, log_dir))
@@ -211,8 +211,8 @@ def main(workload: str, routers: list[str], rate: float, n: int) -> dict[str, An
         "verdicts": verdicts,
         "command": (f".venv/bin/python -m bench client-check --workload {workload} --routers "
                     f"{' '.join(routers)} --rate {rate:g} --requests {n}"),
-        "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": _machine(),
+        "measured_at": now_utc(),
+        "machine": machine(),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{workload}.json").write_text(json.dumps(result, indent=2) + "\n")

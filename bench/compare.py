@@ -56,6 +56,7 @@ from typing import Any
 from .anchors import ANCHORS, PACKAGES, engine_ttft, install, stamp, start_anchor, version_of
 from .fleet import Fleet, Proc
 from .loadgen import RunLog, run_load
+from .provenance import machine, now_utc
 from .report import sweep_plot
 from .run import KV_CAPACITY, MODEL, fetch_stats, reset, start_sims
 from .stats import imbalance, ms, percentile, percentiles_ms
@@ -1013,7 +1014,7 @@ async def run_clients(
                 )
             },
             "command": command(plan, workload),
-            "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "measured_at": now_utc(),
         }
         _write(out / f"client-{workload}-{router}.json", row)
         print(
@@ -1027,9 +1028,8 @@ async def run_plan(plan: Plan, out: Path) -> list[dict[str, str]]:
     """Every point of `plan`; one JSON each under `out`. Returns what was skipped, and why."""
     import shutil
 
-    from .suite import _machine
 
-    machine = _machine()
+    host = machine()
     ours_version = _git_version()
     have_redis = shutil.which("redis-server") is not None
     skipped: list[dict[str, str]] = []
@@ -1103,7 +1103,7 @@ async def run_plan(plan: Plan, out: Path) -> list[dict[str, str]]:
                             **({"repeat": rep} if plan.repeats > 1 else {}),
                             **fig,
                             "caches_emptied_before": clean,
-                            "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                            "measured_at": now_utc(),
                         }
                         runs.setdefault((router, rate), []).append(one)
                         # written after every repeat: an interrupted run keeps what it measured
@@ -1111,7 +1111,7 @@ async def run_plan(plan: Plan, out: Path) -> list[dict[str, str]]:
                             head,
                             runs[(router, rate)],
                             command(plan, workload, router),
-                            machine,
+                            host,
                         )
                         points[(router, rate)] = row
                         _write(out / f"{workload}-{router}-{rate:g}.json", row)
@@ -1140,8 +1140,8 @@ async def run_plan(plan: Plan, out: Path) -> list[dict[str, str]]:
             "budget": budget_lines(plan),
             "elapsed_s": round(elapsed, 1),
             "skipped": skipped,
-            "machine": machine,
-            "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "machine": host,
+            "measured_at": now_utc(),
         },
     )
     print(f"done in {elapsed:.0f} s", flush=True)

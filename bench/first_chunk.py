@@ -33,9 +33,9 @@ import aiohttp
 
 from .fleet import Fleet, free_port
 from .loadgen import Result, _one, run_load
+from .provenance import machine, now_utc
 from .run import timings_by_id, ttft_split
 from .stats import histogram_sum_count, percentile, percentiles_ms
-from .suite import _machine
 from .workloads import build, messages_for
 
 MODEL = "sim-zero"
@@ -158,8 +158,8 @@ async def probe(
         + f"--requests {requests} --rounds {rounds} --max-tokens {max_tokens}"
         + (f" --profile {profile}" if profile != "zero" else "")
         + (f" --background {background:g}" if background else ""),
-        "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": _machine(),
+        "measured_at": now_utc(),
+        "machine": machine(),
         "max_tokens": max_tokens,
         "profile": profile,
         "background_rps": background,

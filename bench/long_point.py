@@ -24,6 +24,7 @@ from .anchors import ANCHORS, start_anchor
 from .compare import SESSION_HEADER, settle
 from .fleet import Fleet, Proc
 from .loadgen import run_load
+from .provenance import machine, now_utc
 from .run import KV_CAPACITY, MODEL, fetch_stats, start_sims
 from .stats import imbalance, percentiles_ms
 from .workloads import build
@@ -145,7 +146,6 @@ async def measure(
 
 def main(workload: str, rate: float, seconds: float, repeats: int,
          setups: list[str], tag: str = "") -> dict[str, Any]:
-    from .suite import _machine
 
     log_dir = Path("bench/.logs") / f"long-point-{int(time.time())}"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -160,8 +160,8 @@ def main(workload: str, rate: float, seconds: float, repeats: int,
         "command": (f".venv/bin/python -m bench long-point --workload {workload} --rate "
                     f"{rate:g} --seconds {seconds:g} --repeat {repeats} --setups "
                     + " ".join(f"'{s}'" if "," in s else s for s in setups)),
-        "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": _machine(),
+        "measured_at": now_utc(),
+        "machine": machine(),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     if tag:

@@ -32,6 +32,7 @@ from .compare import ANCHOR_NAMES, SETUP_S, _git_version, _write, router_info
 from .compare import skip_reason as anchor_skip_reason
 from .fleet import Fleet, Proc
 from .overhead_table import write_readme
+from .provenance import machine, now_utc
 from .run import reset
 from .stats import ms, percentile
 
@@ -401,9 +402,8 @@ async def run_all(
 ) -> list[dict[str, Any]]:
     """Every router in `routers`, one JSON each under `out` (the reason instead of figures
     when one cannot run)."""
-    from .suite import _machine
 
-    machine = _machine()
+    host = machine()
     ours_version = _git_version()
     have_redis = shutil.which("redis-server") is not None
     rows = []
@@ -452,8 +452,8 @@ async def run_all(
                 )
             row.update(
                 command=command,
-                machine=machine,
-                measured_at=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                machine=host,
+                measured_at=now_utc(),
             )
             _write(out / f"{router}.json", row)
             rows.append(row)

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from .provenance import machine, now_utc
 from .report import table
 from .run import RunConfig, run
-from .suite import _machine
 
 OUT = Path("bench/results/shared-store")
 # (router replicas, store): the reference first
@@ -81,15 +80,15 @@ def main(workloads: Sequence[str], rate: float, seconds: float) -> str:
                 f".venv/bin/python -m bench run --workload {workload} --rate {rate:g} "
                 f"--seconds {seconds:g} --router-replicas {routers} --store {store}"
             )
-            res["measured_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-            res["machine"] = _machine()
+            res["measured_at"] = now_utc()
+            res["machine"] = machine()
             (OUT / f"{name(workload, routers, store)}.json").write_text(
                 json.dumps(res, indent=2) + "\n")
             rows.append(res)
     text = (
         f"# Shared store: {rate:g} req/s, {seconds:g} s per run, 8 simulated replicas\n\n"
         f"Command: `.venv/bin/python -m bench shared-store --rate {rate:g} "
-        f"--seconds {seconds:g}`; machine: {_machine()}.\n\n"
+        f"--seconds {seconds:g}`; machine: {machine()}.\n\n"
         + table(verdicts(rows), COLUMNS) + "\n"
     )
     (OUT / "shared-store.md").write_text(text)

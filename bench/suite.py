@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import platform
-import subprocess
-import time
 from pathlib import Path
 
 from .compare import point_row
+from .provenance import machine, now_utc
 from .report import COLUMNS, table
 from .run import RunConfig, run
 
@@ -31,19 +29,6 @@ SECONDS = 90.0
 ISSUE2 = [
     ("system-prompts", p) for p in ("prefix", "round-robin", "least-loaded", "random", "chwbl")
 ] + [("unique", p) for p in ("prefix", "least-loaded", "round-robin")]
-
-
-def _machine() -> str:
-    cpu = "unknown cpu"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    cores = subprocess.getoutput("nproc")
-    return f"{cpu}, {cores} cores, Python {platform.python_version()}"
 
 
 # what a run's JSON says about how it was run, rather than what it measured
@@ -66,7 +51,7 @@ def run_group(
     out = RESULTS / group
     out.mkdir(parents=True, exist_ok=True)
     done: dict[tuple[str, str], list[dict]] = {pair: [] for pair in runs}
-    machine = _machine()
+    host = machine()
     for rnd in range(1, repeat + 1):
         of = f" (round {rnd}/{repeat})" if repeat > 1 else ""
         for workload, policy in runs:
@@ -75,13 +60,13 @@ def run_group(
             res = asyncio.run(
                 run(RunConfig(workload=workload, router=policy, rate=rate, seconds=seconds))
             )
-            res["measured_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+            res["measured_at"] = now_utc()
             done[(workload, policy)].append(res)
             command = (
                 f".venv/bin/python -m bench run --workload {workload} --router {policy} "
                 f"--replicas 8 --rate {rate:g} --seconds {seconds:g}"
             )
-            row = pair_row(done[(workload, policy)], command, machine)
+            row = pair_row(done[(workload, policy)], command, host)
             # written after every run: an interrupted suite keeps what it measured
             (out / f"{workload}-{policy}.json").write_text(json.dumps(row, indent=2) + "\n")
 
@@ -112,8 +97,8 @@ def suite(quick: bool = False, only: str | None = None, repeat: int = 1) -> None
         print("== overhead", flush=True)
         res = asyncio.run(measure(500, 10 if quick else 20))
         res["command"] = ".venv/bin/python -m bench overhead --rate 500 --seconds 20"
-        res["machine"] = _machine()
-        res["measured_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        res["machine"] = machine()
+        res["measured_at"] = now_utc()
         (RESULTS / "overhead.json").write_text(json.dumps(res, indent=2) + "\n")
     write_readme()
 
