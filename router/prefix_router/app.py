@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from .backends import BackendSet
 from .config import RouterSettings
 from .discovery import Discovery, FileDiscovery, StaticDiscovery
-from .errors import RequestError, error_body, error_response
+from .errors import JsonErrorServer, RequestError, error_body, error_response
 from .health import HealthLoop
 from .load import LoadTracker
 from .metrics import RouterMetrics
@@ -243,6 +243,8 @@ async def serve(settings: RouterSettings, ready: Callable[[int], None] | None = 
     # handler_cancellation: a client that disconnects cancels its handler, and so its upstream.
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
+    # aiohttp builds its server in setup() and offers no factory for it
+    runner.server.__class__ = JsonErrorServer  # type: ignore[union-attr]
     site = web.TCPSite(runner, settings.host, settings.port, backlog=1024, reuse_address=True)
     await site.start()
     sock = site._server.sockets[0] if site._server and site._server.sockets else None  # type: ignore[union-attr]

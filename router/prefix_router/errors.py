@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+from http import HTTPStatus
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 
 _TYPES = {
     400: "invalid_request_error",
@@ -66,3 +69,34 @@ def error_response(err: RequestError) -> web.Response:
     if err.close:
         resp.force_close()  # says `Connection: close`, so the client does not reuse it
     return resp
+
+
+class _JsonErrorHandler(RequestHandler):
+    """aiohttp answers a request it cannot parse (a header line over 8 KiB, more headers than it
+    allows, a garbled request line) itself, before any handler or middleware runs, in text/plain.
+    aiohttp has no hook for that body; this keeps its logging and its close, and says the same
+    thing in OpenAI's error JSON, which every client of this API parses."""
+
+    __slots__ = ()  # the same layout as RequestHandler, so a handler's class can be swapped
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        super().handle_error(request, status, exc, message)  # logs; raises if bytes went out
+        phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
+        # a 500's own message may be a traceback: the client gets only the phrase
+        text = phrase if status >= 500 or not message else message
+        return error_response(RequestError(status, text or "bad request", close=True))
+
+
+class JsonErrorServer(web.Server):
+    """The low-level server whose connections answer unparseable requests with error JSON."""
+
+    def __call__(self) -> RequestHandler:
+        handler = super().__call__()
+        handler.__class__ = _JsonErrorHandler
+        return handler

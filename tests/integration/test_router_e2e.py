@@ -145,6 +145,27 @@ async def test_bad_input_gets_openai_errors(fleet: Fleet, start_sims, tmp_path: 
         async with s.get(router.url + "/v1/models") as r:
             assert r.status == 200
             assert [m["id"] for m in (await r.json())["data"]] == [MODEL]
+    # requests aiohttp refuses before any handler runs get the same error JSON
+    host, port = router.url.removeprefix("http://").split(":")
+    body = b'{"model": "test-model", "prompt": "hi"}'
+    raw_cases = [
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000 + b"\r\n",
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+        + b"".join(b"X-H%d: v\r\n" % i for i in range(200)),
+        b"NOT AN HTTP REQUEST\r\n",
+    ]
+    for head in raw_cases:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        await writer.drain()
+        reply = await asyncio.wait_for(reader.read(), 10)  # the router closes after it
+        writer.close()
+        status_line, _, rest = reply.partition(b"\r\n")
+        headers, _, payload = rest.partition(b"\r\n\r\n")
+        assert status_line.split()[1] == b"400", (head[:60], reply[:300])
+        assert b"content-type: application/json" in headers.lower(), reply[:300]
+        err = json.loads(payload)["error"]
+        assert err["message"] and err["type"] == "invalid_request_error", err
 
 
 async def test_no_healthy_backend_is_503_with_retry_after(fleet: Fleet, start_sims):
