@@ -1,4 +1,4 @@
-"""`python -m bench`: run | overhead | demo | suite | anchors-smoke | ..."""
+"""`python -m bench`: run | overhead | demo | suite | stream-cpu | anchors-smoke | ..."""
 
 from __future__ import annotations
 
@@ -79,6 +79,10 @@ def main(argv: list[str] | None = None) -> None:
 
     first_chunk_arguments(sub.add_parser(
         "first-chunk", help="client-to-engine time to the first chunk: direct, pipe, router"))
+    from .stream_cpu import add_arguments as stream_cpu_arguments
+
+    stream_cpu_arguments(sub.add_parser(
+        "stream-cpu", help="CPU per streamed token of the simulator and the load generator"))
     cc = sub.add_parser("client-check",
                         help="the same requests from our load generator and inference-perf")
     cc.add_argument("--workload", default="system-prompts",
@@ -162,6 +166,12 @@ def main(argv: list[str] | None = None) -> None:
         from .first_chunk import main as first_chunk_main
 
         first_chunk_main(args)
+    elif args.cmd == "stream-cpu":
+        from .stream_cpu import main as stream_cpu_main
+
+        r = stream_cpu_main(args)
+        print(f"simulator {r['sim_us_per_token']} us/token, "
+              f"load generator {r['client_us_per_token']} us/token")
     elif args.cmd == "client-check":
         from .client_check import main as client_check_main
 
