@@ -143,7 +143,9 @@ def choose_prefix(
         # The owner is full: this backend becomes one more owner of the hot prefix.
         reason = "replicated"
     else:
-        reason = "balanced"  # an owner was within bounds but too loaded to be worth it
+        # an owner was within bounds but too loaded to be worth it: the request overflows
+        # its prefix's owners (and its new home becomes one more owner)
+        reason = "overflow"
     return Decision(chosen.name, reason, chosen.matched_blocks, order)
 
 
