@@ -6,20 +6,56 @@ cache misses slows every sequence on it. Step time =
     step_base + prefill_per_token * prefill tokens in the step
               + kv_read_per_token * context tokens of the decoding sequences.
 
-`llama-3.1-70b-h100`: Llama-3.1-70B, BF16, tensor-parallel over 4 x H100 SXM 80GB (the shape of
-the published prefix-routing result this project measures itself against). Derived from the
-hardware datasheet and the model shape rather than copied from one benchmark run:
-- prefill: 2 x 70.6e9 FLOPs per token; 4 x 989 TFLOPS dense BF16 (NVIDIA H100 SXM datasheet)
-  at ~45% model FLOPs utilisation => ~12,600 tokens/s => 79 us per prefill token. Published
-  vLLM/TensorRT-LLM prefill throughputs for 70B on 4-8 H100s sit in the 10-20k tokens/s band.
-- decode: every step reads the 141 GB of BF16 weights: 4 x 3.35 TB/s HBM3 at ~70% achieved
-  bandwidth => ~15 ms per step at batch 1, in line with the 15-25 ms inter-token latencies
-  reported for 70B on 4 x H100 at low load.
-- KV cache read per context token: 80 layers x 8 KV heads x 128 dims x 2 (K, V) x 2 bytes =
-  327,680 bytes; at ~9.4 TB/s effective that is 0.035 us per context token per step.
-- KV capacity: 320 GB - 141 GB weights - ~30 GB activations/overheads ~= 150 GB => ~450k tokens
-  per replica (the default when --kv-capacity-tokens is not given with this profile).
-`fast`: small numbers for tests. `zero`: no simulated time at all (router overhead runs).
+`llama-3.1-70b-h100`: Llama-3.1-70B, BF16, one vLLM replica tensor-parallel over 4 x H100 SXM
+80GB (the 70B shape of vLLM's own benchmarks [VLLM]). Each number is derived from the datasheet
+and the model shape with one assumed efficiency, then checked against published measurements;
+none is copied from one run. docs/simulator.md has the same derivations with the checks.
+
+Sources (figures quoted as published):
+[H100] NVIDIA H100 datasheet, https://www.nvidia.com/en-us/data-center/h100/ : H100 SXM BF16
+       Tensor Core 1,979 TFLOPS with sparsity (989 dense), 80 GB HBM3, 3.35 TB/s.
+[CFG]  https://huggingface.co/meta-llama/Llama-3.1-70B/blob/main/config.json : 80 layers, hidden
+       8192, 64 heads (head dim 128), 8 KV heads, FFN 28672, vocab 128256 => 70.55e9
+       parameters (the model card rounds to 70.6B).
+[HF]   https://huggingface.co/blog/llama31#inference-memory-requirements : 70B KV cache in FP16,
+       0.313 GB per 1k tokens.
+[NIM]  NVIDIA NIM for LLMs benchmarking, Performance:
+       https://docs.nvidia.com/nim/benchmarking/llm/1.0.0/performance
+       Llama-3.3-70B-Instruct (same shape as 3.1-70B), NIM 1.8.0, 2 x H100 80G, FP8, TP2.
+       5000 in / 500 out: concurrency 1 TTFT 406.77 ms, ITL 18.58 ms; concurrency 25 / 50 ITL
+       38.75 / 59.73 ms. 500 in / 2000 out, concurrency 1: TTFT 47.77 ms, ITL 18.91 ms.
+       2 x H100 in FP8 has our peak FLOPS (2 x 1,979 dense) and our weight bytes per HBM
+       bandwidth (70.6 GB over 6.7 TB/s), so it stands in for 4 x H100 BF16 (less TP4's
+       all-reduce cost).
+[TRT]  TensorRT-LLM "Performance of TensorRT-LLM", low-latency table (v0.5 data):
+       https://github.com/NVIDIA/TensorRT-LLM/blob/138f96d45f90b9667426f7c47297d8c06bafac73/docs/source/performance.md
+       LLaMA 70B (Llama 2: same layer shapes), H100 FP8, TP4, batch 1, 2048 input tokens:
+       first token 109 ms.
+[VLLM] https://blog.vllm.ai/2024/09/05/perf-update.html benchmarks 70B on 4 x H100. vLLM's
+       defaults, https://github.com/vllm-project/vllm/blob/main/vllm/engine/arg_utils.py
+       (EngineArgs.get_batch_defaults; gpu_memory_utilization): max_num_batched_tokens 8192
+       for the API server on GPUs with >= 70 GiB other than A100; gpu_memory_utilization 0.9.
+
+- prefill_per_token 79 us: 2 x 70.6e9 = 141 GFLOP a token [CFG]; 4 x 989 TFLOPS [H100] at an
+  assumed 45% model FLOPs utilisation => 12,600 tokens/s => 79 us. Checks: [NIM] 5000 tokens
+  in 406.77 ms = 81 us a token (44% of the same peak); [TRT] 2048 in 109 ms = 53 us a token in
+  FP8 on 4 GPUs, whose FP8 peak is twice our BF16 one (34% utilisation).
+- step_base 15 ms: a decode step reads all 141 GB of BF16 weights [CFG]; 4 x 3.35 TB/s [H100]
+  at an assumed 70% achieved => 9.38 TB/s => 15.0 ms. Check: [NIM] ITL 18.58 ms at
+  concurrency 1 (this profile: 16 ms there, context and amortised prefill included).
+- kv_read_per_token 0.035 us: 80 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes = 327,680
+  bytes a token [CFG] (= [HF]'s 0.313 GB per 1,024 tokens) / 9.38 TB/s. Check: [NIM] 5000/500
+  at concurrency c = 25 / 50, where a step also carries c/500 of a 5,000-token prefill and the
+  mean context is 5,250: 15 ms + c x 5,250 x 0.035 us + c/500 x 5,000 x 79 us = 39 / 64 ms,
+  against 38.75 / 59.73 ms measured.
+- max_batched_tokens 8192: vLLM's default on H100 [VLLM].
+- default_kv_capacity_tokens 450,000 (used when --kv-capacity-tokens is not given with this
+  profile): 320 GB [H100] x 0.9 [VLLM] - 141 GB weights = 147 GB / 327,680 bytes = 449k
+  tokens; activations and CUDA graphs take a few GB of that in practice.
+`fast`: not calibrated; small so tests run quickly while each effect stays visible: a 2 ms step
+(60 decode steps of a stream take over 50 ms, which tests use to tell streaming from
+buffering), 2 us a prefill token (an 8,192-token miss costs 16 ms more than a hit), no KV-read
+term, 200k tokens of KV. `zero`: no simulated time at all (router overhead runs).
 """
 
 from __future__ import annotations
