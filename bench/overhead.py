@@ -17,8 +17,6 @@ import asyncio
 import json
 import random
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -134,39 +132,67 @@ async def closed_loop(url: str, concurrency: int, seconds: float) -> tuple[float
         return done / (time.perf_counter() - t0), out
 
 
-_RSS_SCRIPT = r"""
-import random, resource, sys, time
-from prefix_router.table import OwnershipTable
-n = int(sys.argv[1])
-backends = [f"http://10.0.0.{i}:8000" for i in range(8)]
-t = OwnershipTable(block_tokens=16, max_entries=n + 1)
-rng = random.Random(0)
-chain_len = 128
-made = 0
-now = 0.0
-while made < n:
-    base = rng.getrandbits(63)
-    hs = [(base + i * 0x9E3779B97F4A7C15) & (2**64 - 1) for i in range(chain_len)]
-    t.record(hs, backends[made // chain_len % 8], now)
-    made += chain_len
-    now += 0.001
-def rss_mb():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-print(len(t), round(rss_mb(), 1))
-"""
+# A router process's table memory, measured in a running prefix-router that requests filled:
+# the router's imports (aiohttp, pydantic, prometheus-client, redis) and its pools count too,
+# which a table filled in a bare interpreter (as this measured before 2026-12-05) left out.
+RSS_PROMPT_BLOCKS = 128  # a 2,048-token prompt: the system-prompts workload's size
+RSS_CAPACITY_TOKENS = 50_000_000  # far above 1M blocks: the capacity model evicts nothing
 
 
-def rss_with_entries(n: int) -> tuple[int, float, float]:
-    """(entries, RSS MB with them, RSS MB of the same interpreter with an empty table)."""
-    full = subprocess.run(
-        [sys.executable, "-c", _RSS_SCRIPT, str(n)], capture_output=True, text=True, check=True
-    ).stdout.split()
-    empty = subprocess.run(
-        [sys.executable, "-c", _RSS_SCRIPT, "0"], capture_output=True, text=True, check=True
-    ).stdout.split()
-    return int(full[0]), float(full[1]), float(empty[1])
+def _unique_prompt(rng: random.Random) -> str:
+    # 4 bytes a token (the router's bytes_per_token), 16 tokens a block; random hex so no
+    # two prompts share a block and every block is a new entry
+    return rng.randbytes(RSS_PROMPT_BLOCKS * 16 * 2).hex()
+
+
+async def _table_entries(session: aiohttp.ClientSession, router: str) -> int:
+    async with session.get(router + "/metrics") as r:
+        text = await r.text()
+    for line in text.splitlines():
+        if line.startswith("prefix_router_table_entries "):
+            return int(float(line.split()[1]))
+    raise RuntimeError("the router's /metrics has no prefix_router_table_entries")
+
+
+async def fill_router_table(router: str, entries: int, clients: int = 16) -> int:
+    """Send unique 2,048-token prompts through `router` until its table holds `entries`
+    (block, backend) entries, as its own /metrics counts them. Returns that count."""
+    rng = random.Random(7)
+    out = Sample()
+    sem = asyncio.Semaphore(clients)
+    async with _session() as s:
+
+        async def one(body: bytes) -> None:
+            async with sem:
+                await _post(s, router, body, out)
+
+        have = await _table_entries(s, router)
+        while have < entries:
+            need = (entries - have) // RSS_PROMPT_BLOCKS + 1
+            batch = [
+                json.dumps({"model": MODEL, "prompt": _unique_prompt(rng), "max_tokens": 1})
+                .encode()
+                for _ in range(min(need, 2_000))
+            ]
+            await asyncio.gather(*(one(b) for b in batch))
+            if out.errors:
+                raise RuntimeError(f"filling the table failed: {out.first_errors}")
+            have = await _table_entries(s, router)
+            print(f"  table entries {have:,}", flush=True)
+    return have
+
+
+async def rss_with_entries(fleet: Fleet, sim: str, entries: int) -> tuple[int, float, float]:
+    """(entries, RSS MB of a router process holding them, RSS MB of it before): a router of
+    its own, so the latency runs' requests are not in its table."""
+    router = await fleet.start_router(
+        "router-rss", [sim], policy="prefix", kv_capacity=RSS_CAPACITY_TOKENS
+    )
+    assert router.process is not None
+    await open_loop(router.url, 100.0, 1.0)  # its pools and code paths, as a serving router
+    empty = memory_of(router.process.pid)["rss_mb"]
+    have = await fill_router_table(router.url, entries)
+    return have, memory_of(router.process.pid)["rss_mb"], empty
 
 
 # ----------------------------------------------------------------------------------------------
@@ -298,7 +324,8 @@ async def measure(
         router, _ = await start_ours(fleet, sim.url, store)
         figs = await added(sim.url, router.url, rate, seconds)
         direct_max, _ = await closed_loop(sim.url, CLIENTS, MAX_SECONDS)
-    entries, rss, rss_empty = rss_with_entries(1_000_000)
+        print("  a router's RSS with 1,000,000 table entries", flush=True)
+        entries, rss, rss_empty = await rss_with_entries(fleet, sim.url, 1_000_000)
     if figs["added_p50_ms"] is None or figs["added_p99_ms"] is None:
         raise RuntimeError(f"no request answered: {figs['first_errors']}")
     keep = ("requests", "direct_p50_ms", "direct_p99_ms", "routed_p50_ms", "routed_p99_ms")
