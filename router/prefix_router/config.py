@@ -106,7 +106,9 @@ class RouterSettings(_Strict):
     # better than 0.25 on system-prompts (engine hit rate 0.82-0.83 vs 0.81, same TTFT p50 and
     # p99, imbalance 1.11; ad-hoc `bench run`s, not committed): at 0.25 brief bursts on a hot
     # prefix's owners made new copies of it, each one 2,000 tokens of prefill and of KV space
-    # taken from colder prefixes.
+    # taken from colder prefixes. Re-run after the pending-load fix (bench/results/long-point,
+    # tag retune, 3 rounds, 2026-12-05): 0.25, 0.5 and 1.0 within the rounds' spread (hit
+    # 0.830/0.830/0.831, p50 45.3/45.2/46.1 ms), so 0.5 stays.
     load_bound: float = Field(default=0.5, ge=0, le=10)
     # An absolute floor under the bound: a backend may always hold mean + load_slack in flight.
     # 6 with load_cost_tokens 64 measured against 0 and 256 (bench/results/slack/): at low load
@@ -131,7 +133,8 @@ class RouterSettings(_Strict):
     # Weight of the eviction a placement causes: tokens a backend must newly cache, times how
     # hot its coldest cached block still is relative to the other backends' (policy.py).
     # 1.0 measured better than 0 at load_bound 0.5 (hit rate 0.823-0.829 vs 0.820; ad-hoc
-    # `bench run`s, not committed).
+    # `bench run`s, not committed). Re-run (long-point, tag retune, 3 rounds, 2026-12-05): 0
+    # gave hit rate 0.820 against 0.830 and TTFT p90 189 against 160 ms.
     evict_weight: float = Field(default=1.0, ge=0)
     # Cost, in prefill tokens, of each millisecond a request would wait on a backend for the
     # engine step in progress there to end (steps.py); 0 turns the step rhythm off. 12.6 would
