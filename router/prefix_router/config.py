@@ -102,7 +102,8 @@ class RouterSettings(_Strict):
     block_size: int = Field(default=16, ge=1, le=4096)
     # Estimated bytes of canonical prompt per token (the estimate the capacity model runs on).
     bytes_per_token: float = Field(default=4.0, gt=0)
-    # Bounded load: no backend above ceil((1 + load_bound) * mean in-flight). 0.5 measured
+    # Bounded load: no backend above ceil((1 + load_bound) * mean in-flight), or above
+    # mean + load_slack where that is higher (load_slack below says why). 0.5 measured
     # better than 0.25 on system-prompts (engine hit rate 0.82-0.83 vs 0.81, same TTFT p50 and
     # p99, imbalance 1.11; ad-hoc `bench run`s, not committed): at 0.25 brief bursts on a hot
     # prefix's owners made new copies of it, each one 2,000 tokens of prefill and of KV space
