@@ -1,11 +1,12 @@
 """`python -m bench compare`: every router, ours and the anchors, on one fleet and one sequence.
 
 For each workload: 8 `engine-sim` replicas (profile `llama-3.1-70b-h100`, KV capacity from
-`bench/run.py` `KV_CAPACITY`), started once; then, for each router in turn, the simulators are
-drained and reset (their prefix caches emptied and counters zeroed), the router is started in
-front of them and our load generator sends the workload as an ascending staircase of rates:
-`seconds` at each rate, back to back, each step a fresh slice of the same request sequence
-(same workload seed, same Poisson seeds), then at most `drain_s` for the requests in flight.
+`bench/run.py`, multi-turn's from `staircase_kv`), started once; then, for each router in
+turn, the simulators are drained and reset (their prefix caches emptied and counters zeroed),
+the router is started in front of them and our load generator sends the workload as an
+ascending staircase of rates: `seconds` at each rate, back to back, each step a fresh slice of
+the same request sequence (same workload seed, same Poisson seeds), then at most `drain_s` for
+the requests in flight.
 Every router sees exactly the same requests at the same offsets.
 
 Why a staircase and not one cold run per rate: a run costs its setup and its drain (a request
@@ -58,7 +59,15 @@ from .fleet import Fleet, Proc
 from .loadgen import RunLog, run_load
 from .provenance import machine, now_utc
 from .report import sweep_plot
-from .run import KV_CAPACITY, MODEL, fetch_stats, reset, start_sims
+from .run import (
+    KV_CAPACITY,
+    MODEL,
+    fetch_stats,
+    kv_capacity,
+    reset,
+    run_working_set,
+    start_sims,
+)
 from .stats import imbalance, ms, percentile, percentiles_ms
 from .workloads import WORKLOADS, Workload, build
 
@@ -263,6 +272,14 @@ def slices(avg_turns: float, rates: Sequence[float], seconds: float) -> list[tup
         out.append((start, n))
         start += n
     return out
+
+
+def staircase_kv(wl: Workload, rates: Sequence[float], seconds: float) -> int:
+    """Per-replica KV capacity for a staircase: `bench run`'s at its top rate, as if the whole
+    staircase ran at it, so the fleet holds multi-turn's working set at every step. At the
+    lower steps one replica holds more than a quarter of it: that working set grows with the
+    rate, and no one capacity keeps the rule over a 4x range of rates."""
+    return kv_capacity(wl, run_working_set(wl, max(rates), seconds * len(rates)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1036,13 +1053,13 @@ async def run_plan(plan: Plan, out: Path) -> list[dict[str, str]]:
     started = time.monotonic()
     log_dir = Path("bench/.logs") / f"compare-{plan.mode}-{int(time.time())}"
     for workload in plan.workloads:
-        kv = KV_CAPACITY[workload]
         rates = plan.rates[workload]
+        # sessions for the staircase (a multi-turn session is ~6.5 requests; 7x is ample)
+        need = sum(n for _, n in slices(1.0, rates, plan.seconds))
+        wl = build(workload, need * (7 if workload == "multi-turn" else 1))
+        kv = staircase_kv(wl, rates, plan.seconds)
         async with Fleet(log_dir / workload) as fleet:
             sims = await start_sims(fleet, REPLICAS, kv, PROFILE, 1.0)
-            # sessions for the staircase (a multi-turn session is ~6.5 requests; 7x is ample)
-            need = sum(n for _, n in slices(1.0, rates, plan.seconds))
-            wl = build(workload, need * (7 if workload == "multi-turn" else 1))
             active = []
             for router in plan.routers:
                 reason = skip_reason(router, have_redis)
@@ -1334,8 +1351,9 @@ def write_readme(root: Path = RESULTS) -> Path:
         "from the JSON files under `full/` and `quick/` (one per workload, router and rate; the",
         "third-party client runs are `client-*.json`). Method, in `bench/compare.py`: per",
         f"workload, {REPLICAS} `engine-sim` replicas (profile `{PROFILE}`, real time, KV",
-        "capacity per replica from `bench/run.py` `KV_CAPACITY`) started once; for each router",
-        "the simulators are drained and reset (caches emptied, counters zeroed), the router",
+        "capacity per replica from `bench/run.py`, multi-turn's at the staircase's top",
+        "rate) started once; for each router the simulators are drained and reset (caches",
+        "emptied, counters zeroed), the router",
         "started, and our load generator sends the same request sequence as an ascending",
         "staircase of rates, back to back (steps after the first start from the caches the",
         "lower rates warmed), then waits at most a short drain. Engine hit rate: the",
@@ -1406,7 +1424,11 @@ def main(args: argparse.Namespace) -> None:
         print(line)
     if args.dry_run:
         for w in plan.workloads:
-            print(f"  {w}: rates {list(plan.rates[w])}, KV {KV_CAPACITY[w]} tokens/replica")
+            rates = plan.rates[w]
+            kv = KV_CAPACITY.get(w) or staircase_kv(
+                build(w, 7 * sum(n for _, n in slices(1.0, rates, plan.seconds))), rates,
+                plan.seconds)
+            print(f"  {w}: rates {list(rates)}, KV {kv} tokens/replica")
         return
     if not args.report:
         if args.install:

@@ -1,14 +1,13 @@
 """Open-loop load generator: Poisson session arrivals, streaming chat requests, TTFT per request.
 
 Each request is sent with `stream: true`; TTFT is the time to the first SSE event that carries
-content, e2e the time to `data: [DONE]`. Every request sent is logged in send order, so the
-oracle can replay exactly the same sequence.
+content, e2e the time to `data: [DONE]`. Every request sent is logged in send order with the
+answer it got, so the oracle can replay exactly the same sequence.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from dataclasses import dataclass, field
 from typing import Literal
@@ -18,7 +17,7 @@ import msgspec
 
 from engine_sim.chat import render_chat
 
-from .workloads import Session, Workload, messages_for
+from .workloads import Session, Workload, messages_for, session_starts
 
 
 @dataclass(slots=True)
@@ -45,6 +44,12 @@ class Result:
 class RunLog:
     results: list[Result] = field(default_factory=list)
     sent: list[list[dict[str, str]]] = field(default_factory=list)  # messages, in send order
+    # The answer to each request sent (same order), "" where none came whole: the simulators
+    # cache a finished answer's blocks, so the oracle replays prompt and answer alike.
+    answers: list[str] = field(default_factory=list)
+    # Turns of the sessions started: those not in `sent` were never sent (a conversation
+    # stops at its first failed turn; the drain timeout cuts the rest).
+    planned: int = 0
     started: float = 0.0
     finished: float = 0.0
 
@@ -257,10 +262,8 @@ async def run_load(
     request's messages as the prompt the simulator's chat template makes of them.
     `tag_requests` sends each request with `x-request-id: r<send index>` (the simulators time
     the requests that carry one)."""
-    rng = random.Random(seed)
     log = RunLog()
-    avg_turns = sum(len(s.turns) for s in workload.sessions) / max(1, len(workload.sessions))
-    session_rate = rate / avg_turns
+    starts = session_starts(workload, rate, seconds, seed)
     rr = 0
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector) as http:
@@ -273,8 +276,10 @@ async def run_load(
                 msgs = messages_for(s, t, answers)
                 target = targets[rr % len(targets)]
                 rr += 1
-                tag = f"r{len(log.sent)}" if tag_requests else ""
+                sent = len(log.sent)
+                tag = f"r{sent}" if tag_requests else ""
                 log.sent.append(msgs)
+                log.answers.append("")
                 res, answer = await _one(
                     http, target, model, msgs, turn.max_tokens, request_timeout,
                     {**(hdrs or {}), "x-request-id": tag} if tag else hdrs, api,
@@ -283,20 +288,17 @@ async def run_load(
                 log.results.append(res)
                 if not res.ok:
                     return
+                log.answers[sent] = answer
                 answers.append(answer)
 
         tasks: list[asyncio.Task[None]] = []
         log.started = time.perf_counter()
-        deadline = log.started + seconds
-        next_at = log.started
         last_report = log.started
-        for idx, s in enumerate(workload.sessions):
-            next_at += rng.expovariate(session_rate)
-            if next_at >= deadline:
-                break
-            delay = next_at - time.perf_counter()
+        for idx, (s, at) in enumerate(zip(workload.sessions, starts, strict=False)):
+            delay = log.started + at - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
+            log.planned += len(s.turns)
             tasks.append(asyncio.create_task(conversation(idx, s)))
             now = time.perf_counter()
             if progress and now - last_report > 10:

@@ -25,7 +25,7 @@ from .compare import SESSION_HEADER, settle
 from .fleet import Fleet, Proc
 from .loadgen import run_load
 from .provenance import machine, now_utc
-from .run import KV_CAPACITY, MODEL, fetch_stats, start_sims
+from .run import MODEL, fetch_stats, kv_capacity, run_count, run_working_set, start_sims
 from .stats import imbalance, percentiles_ms
 from .workloads import build
 
@@ -121,8 +121,8 @@ async def measure(
 ) -> dict[str, list[dict[str, Any]]]:
     for s in setups:
         parse_setup(s)  # refuse a bad setup before anything starts
-    wl = build(workload, int(rate * seconds * 1.2) + 50)
-    kv = KV_CAPACITY[workload]
+    wl = build(workload, run_count(rate, seconds))
+    kv = kv_capacity(wl, run_working_set(wl, rate, seconds))
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in setups}
     async with Fleet(log_dir) as fleet:
         sims = await start_sims(fleet, 8, kv, PROFILE, 1.0)

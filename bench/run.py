@@ -2,13 +2,15 @@
 
 Every hit-rate figure comes from the simulators' own counters (GET /stats), never from the
 router. The simulators' KV capacity is chosen per workload so that one replica holds at most a
-quarter of the working set while the whole fleet holds all of it: routing has to matter.
+quarter of the working set while the whole fleet holds all of it: routing has to matter. A run
+whose replica count breaks that says so (capacity_warning) and runs anyway.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -18,25 +20,111 @@ from typing import Any
 import aiohttp
 import redis.asyncio as aioredis
 
+from engine_sim.profiles import PROFILES
+
 from .fleet import Fleet, cpu_seconds
 from .loadgen import Result, run_load
 from .oracle import oracle_hit_rate
 from .stats import imbalance, ms, percentile, percentiles_ms
-from .workloads import build
+from .workloads import (
+    LiveTurn,
+    Workload,
+    build,
+    largest_request,
+    live_peak,
+    persona_tokens,
+    session_starts,
+    working_set,
+)
 
 MODEL = "sim-llama-3.1-70b"
+PROFILE = "llama-3.1-70b-h100"
 
-# Per-replica KV capacity (tokens) for each workload, as a fraction of its working set.
-# system-prompts / hotspot: 128k-token working set -> 24k per replica (0.19 of it; 8 replicas
-# hold 192k). customers: 1.8M -> 340k (0.19). multi-turn: histories of the conversations in
-# flight -> 48k. unique: nothing to share -> 32k.
+# Per-replica KV capacity (tokens) of the single-turn workloads, about 0.19 of their working
+# set (workloads.py), so 6 or more replicas hold all of it: system-prompts / hotspot: 128k
+# tokens -> 24k (0.19; 8 replicas hold 192k). customers: 1.8M -> 340k (0.19; 8 hold 2.72M).
+# unique: nothing to share, so no capacity makes routing matter to the hit rate -> 32k.
+# multi-turn is not here: its working set grows with the rate (kv_capacity()).
 KV_CAPACITY = {
     "system-prompts": 24_000,
     "hotspot": 24_000,
     "customers": 340_000,
-    "multi-turn": 48_000,
     "unique": 32_000,
 }
+
+# multi-turn's capacity per replica as a share of its modelled working set. That model is a
+# lower bound (working_set(): turns at the unloaded decode step, 15 ms a token); turns measured
+# at 24 req/s took 18-22 ms a token (e2e p50 2.9-3.5 s for a mean of 160 tokens, with 48k a
+# replica, bench/results/compare/full), a working set about 1.2-1.5x the bound. 0.22 keeps one
+# replica under a quarter of the bound, so of the real working set too, and 8 replicas hold
+# 1.76x the bound. A run also measures the working set it sent (measured_working_set) and
+# warns if that breaks the rule.
+MULTI_TURN_KV_SHARE = 0.22
+
+
+def run_count(rate: float, seconds: float) -> int:
+    """Sessions a run builds: 20% over what `rate` for `seconds` sends, and 50 more."""
+    return int(rate * seconds * 1.2) + 50
+
+
+def run_working_set(
+    wl: Workload, rate: float, seconds: float, profile: str = PROFILE, time_scale: float = 1.0,
+    seed: int = 7,
+) -> int:
+    """The working set of `wl` sent at `rate` for `seconds` as run_load sends it, its turns
+    lasting the profile's decode step a token."""
+    step = PROFILES[profile].step_base_s * time_scale
+    return working_set(wl, session_starts(wl, rate, seconds, seed), step)
+
+
+def kv_capacity(wl: Workload, working_set_tokens: int, block_size: int = 16) -> int:
+    """Per-replica KV capacity (tokens) for `wl`. Not a function of the replica count: a
+    replica's memory is what it is, and a fleet too small to hold the working set is warned
+    about (capacity_warning), not given bigger replicas."""
+    if wl.name in KV_CAPACITY:
+        return KV_CAPACITY[wl.name]
+    # at least the largest request: the simulator refuses one it cannot hold
+    kv = max(round(MULTI_TURN_KV_SHARE * working_set_tokens), largest_request(wl))
+    return -(-kv // block_size) * block_size
+
+
+def measured_working_set(wl: Workload, results: Sequence[Result]) -> int | None:
+    """A multi-turn run's working set as it was sent: live_peak() over the turns' real send
+    times, each turn holding the prompt and answer tokens its engine reported. The schedule
+    run_working_set() models has no queueing, so this one is the check on it. None for a
+    workload of single-turn sessions (its working set does not depend on timing)."""
+    if all(len(s.turns) <= 1 for s in wl.sessions):
+        return None
+    last: dict[int, int] = {}
+    for r in results:
+        last[r.session] = max(last.get(r.session, -1), r.turn)
+    turns: list[LiveTurn] = []
+    for r in results:
+        s = wl.sessions[r.session]
+        shared = persona_tokens(s)
+        # a failed turn reported nothing: its blocks were freed and its conversation ends
+        tokens = 0 if r.prompt_tokens is None else r.prompt_tokens + r.output_tokens - shared
+        turns.append((r.sent_at, r.session, s.system or "", shared, tokens,
+                      r.turn == last[r.session]))
+    return live_peak(turns)
+
+
+def capacity_warning(kv: int, working_set_tokens: int, replicas: int) -> str | None:
+    """Why a run breaks the rule that one replica holds at most a quarter of the working set
+    and the fleet all of it; None if it keeps it. A workload with nothing to share (working
+    set 0) keeps it trivially: no routing raises its hit rate above 0."""
+    if working_set_tokens <= 0:
+        return None
+    problems = []
+    if 4 * kv > working_set_tokens:
+        problems.append(f"one replica holds {kv / working_set_tokens:.2f} of it (> 0.25)")
+    if kv * replicas < working_set_tokens:
+        problems.append(f"{replicas} replicas hold {kv * replicas / working_set_tokens:.2f} "
+                        "of it (< 1)")
+    if not problems:
+        return None
+    return (f"KV capacity {kv:,} tokens per replica, working set {working_set_tokens:,} tokens: "
+            + " and ".join(problems) + "; routing may not matter as the benchmark intends")
 
 
 @dataclass
@@ -48,7 +136,7 @@ class RunConfig:
     seconds: float = 60.0
     router_replicas: int = 1
     store: str = "local"
-    profile: str = "llama-3.1-70b-h100"
+    profile: str = PROFILE
     time_scale: float = 1.0
     kv_capacity: int | None = None
     max_num_seqs: int = 256
@@ -178,9 +266,12 @@ async def reset(urls: list[str]) -> None:
 
 
 async def run(cfg: RunConfig) -> dict:
-    kv = cfg.kv_capacity or KV_CAPACITY[cfg.workload]
-    count = int(cfg.rate * cfg.seconds * 1.2) + 50
-    wl = build(cfg.workload, count)
+    wl = build(cfg.workload, run_count(cfg.rate, cfg.seconds))
+    ws = run_working_set(wl, cfg.rate, cfg.seconds, cfg.profile, cfg.time_scale, cfg.seed)
+    kv = cfg.kv_capacity or kv_capacity(wl, ws)
+    warning = capacity_warning(kv, ws, cfg.replicas)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     log_dir = Path(cfg.log_dir) / f"{cfg.workload}-{cfg.router}-{int(time.time())}"
     async with Fleet(log_dir) as fleet:
         sim_urls = await start_sims(
@@ -216,6 +307,10 @@ async def run(cfg: RunConfig) -> dict:
     timed = timings_by_id(stats)
     if cfg.requests_out:
         write_requests(log.results, log.started, timed, cfg.requests_out)
+    measured = measured_working_set(wl, log.results)
+    measured_warning = None if measured is None else capacity_warning(kv, measured, cfg.replicas)
+    if measured_warning:
+        print(f"warning: as sent: {measured_warning}", file=sys.stderr, flush=True)
     ok = [r for r in log.results if r.ok]
     ttfts = [r.ttft for r in ok if r.ttft is not None]
     e2es = [r.e2e for r in ok if r.e2e is not None]
@@ -236,11 +331,20 @@ async def run(cfg: RunConfig) -> dict:
         "profile": cfg.profile,
         "time_scale": cfg.time_scale,
         "kv_capacity_tokens": kv,
+        "working_set_tokens": ws,
+        **({"capacity_warning": warning} if warning else {}),
+        **({"working_set_measured_tokens": measured} if measured is not None else {}),
+        **({"capacity_warning_measured": measured_warning} if measured_warning else {}),
         "requests_sent": len(log.sent),
         "requests_ok": len(ok),
         "errors": len(log.sent) - len(ok),
+        # later turns of conversations that stopped at a failed turn (or were cut at the drain
+        # timeout): never sent, so not in `errors`
+        "unsent": log.planned - len(log.sent),
         "engine_hit_rate": round(cached / prompt, 4) if prompt else 0.0,
-        "oracle_hit_rate": round(oracle_hit_rate(log.sent, kv * cfg.replicas), 4),
+        "oracle_hit_rate": round(
+            oracle_hit_rate(log.sent, kv * cfg.replicas, answers=log.answers), 4
+        ),
         **percentiles_ms(ttfts),
         # The engines' own arrival-to-first-token: the client's TTFT less the router, the
         # network stack and the streaming path.

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import math
 import random
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from engine_sim.chat import render_chat, render_message
 
 BYTES_PER_TOKEN = 4
 WORKLOADS = ("system-prompts", "customers", "multi-turn", "hotspot", "unique")
@@ -52,7 +55,9 @@ class Session:
 class Workload:
     name: str
     sessions: list[Session]
-    # Tokens of distinct prefix material (system prompts, contexts): what the fleet must hold.
+    # Tokens of distinct shared prefix material (system prompts, contexts, queries that come
+    # back): what the fleet must hold whatever the timing. A multi-turn workload's histories
+    # come on top and depend on how many conversations are live at once: see working_set().
     working_set_tokens: int
     description: str = ""
     extra: dict[str, float] = field(default_factory=dict)
@@ -122,9 +127,10 @@ def multi_turn(count: int, seed: int = 3) -> Workload:
             for _ in range(rng.randint(3, 10))
         ]
         sessions.append(Session(systems[rng.randrange(8)], turns, f"conv{k}"))
-    # working set: every conversation's final history (~turns x (200 + 160) tokens) at once
-    ws = 8 * 500 + sum(len(s.turns) * 360 for s in sessions)
-    return Workload("multi-turn", sessions, ws, "3-10 turn conversations carrying history")
+    # Only the personas are shared whatever the timing. A history is reused by its own
+    # conversation's next turn only, and a finished conversation never comes back, so the
+    # histories a fleet must hold are those of the conversations live at once: working_set().
+    return Workload("multi-turn", sessions, 8 * 500, "3-10 turn conversations carrying history")
 
 
 def hotspot(count: int, seed: int = 4) -> Workload:
@@ -181,3 +187,107 @@ def messages_for(session: Session, turn: int, answers: list[str]) -> list[dict[s
         msgs.append({"role": "assistant", "content": answers[i]})
     msgs.append({"role": "user", "content": session.turns[turn].user})
     return msgs
+
+
+def session_starts(workload: Workload, rate: float, seconds: float, seed: int = 7) -> list[float]:
+    """When the load generator starts each session, in seconds from the start of the load: a
+    Poisson process at `rate` requests/s over the workload's mean turns per session, cut at
+    `seconds`. The load generator sends by it and working_set() is computed over it, so both
+    see one schedule."""
+    rng = random.Random(seed)
+    avg_turns = sum(len(s.turns) for s in workload.sessions) / max(1, len(workload.sessions))
+    session_rate = rate / avg_turns
+    starts: list[float] = []
+    at = 0.0
+    for _ in workload.sessions:
+        at += rng.expovariate(session_rate)
+        if at >= seconds:
+            break
+        starts.append(at)
+    return starts
+
+
+def turn_tokens(session: Session) -> list[int]:
+    """Tokens a simulator holds for each turn of `session` once it is answered: its prompt (the
+    chat template over the history so far) and its answer, max_tokens long as the simulator's
+    answers are."""
+    answers: list[str] = []
+    out = []
+    for i, turn in enumerate(session.turns):
+        prompt = render_chat(messages_for(session, i, answers)).encode()
+        out.append(-(-len(prompt) // BYTES_PER_TOKEN) + turn.max_tokens)
+        answers.append("x" * (BYTES_PER_TOKEN * turn.max_tokens))
+    return out
+
+
+def largest_request(workload: Workload) -> int:
+    """Tokens of the workload's largest request with its answer (a session's last turn)."""
+    return max((turn_tokens(s)[-1] for s in workload.sessions if s.turns), default=0)
+
+
+def persona_tokens(session: Session) -> int:
+    """Tokens of the session's system message as the chat template renders it (0 if none)."""
+    if session.system is None:
+        return 0
+    message = render_message({"role": "system", "content": session.system})
+    return len(message.encode()) // BYTES_PER_TOKEN
+
+
+# A turn sent: (when, conversation, its persona, the persona's tokens, the conversation's other
+# tokens from then on, whether it is the conversation's last turn).
+LiveTurn = tuple[float, int, str, int, int, bool]
+
+
+def live_peak(turns: list[LiveTurn]) -> int:
+    """The peak of the distinct tokens of the conversations live at once, a conversation live
+    from its first turn's send to its last's, its personas counted once however many use them.
+    Pure: working_set() feeds it a modelled schedule, `bench run` the one it measured."""
+    live: dict[int, int] = {}  # conversation -> its own tokens now
+    personas: Counter[str] = Counter()  # persona -> live conversations using it
+    total = peak = 0
+    # stable: a conversation's turns stay in order on a tie
+    for _at, k, persona, shared, tokens, is_last in sorted(turns, key=lambda e: e[0]):
+        if k not in live:
+            live[k] = 0
+            personas[persona] += 1
+            if personas[persona] == 1:
+                total += shared
+        total += tokens - live[k]
+        live[k] = tokens
+        peak = max(peak, total)
+        if is_last:
+            total -= live.pop(k)
+            personas[persona] -= 1
+            if not personas[persona]:
+                total -= shared
+    return peak
+
+
+def working_set(workload: Workload, starts: list[float], seconds_per_token: float) -> int:
+    """Tokens a fleet must hold at once to serve every reuse the workload offers, when its
+    sessions start at `starts` (session_starts()).
+
+    Single-turn sessions: the workload's shared prefix material, whatever the timing (any
+    prefix may come back at any time). Multi-turn: the peak, over the schedule, of the distinct
+    tokens of the conversations live at once (from their first turn's send to their last's):
+    each one's history so far with the answer its latest turn generates (what its next turn
+    reuses), and the personas they use, once each. A finished conversation never comes back,
+    so counting every conversation's final history would grow with the run's length, not with
+    what is ever reused at once.
+
+    A turn is taken to last max_tokens x `seconds_per_token` (the engine's decode step):
+    queueing and prefill make real turns longer and overlap more conversations, so this is a
+    lower bound on the working set of a real run.
+    """
+    if all(len(s.turns) <= 1 for s in workload.sessions):
+        return workload.working_set_tokens
+    events: list[LiveTurn] = []
+    # starts covers the sessions the run sends, a prefix of the workload's
+    for k, (s, start) in enumerate(zip(workload.sessions, starts, strict=False)):
+        shared = persona_tokens(s)
+        at = start
+        last = len(s.turns) - 1
+        for i, (turn, tokens) in enumerate(zip(s.turns, turn_tokens(s), strict=True)):
+            events.append((at, k, s.system or "", shared, tokens - shared, i == last))
+            at += turn.max_tokens * seconds_per_token
+    return live_peak(events)

@@ -131,19 +131,23 @@ class PrefixCache:
             self._make_room(0)
 
     # -- offline use ------------------------------------------------------------------------
-    def access(self, seq: bytes) -> int:
-        """One-shot use by an idealised sequential engine: returns cached tokens, then holds
-        every full block of `seq` (most recent), evicting LRU blocks. No reference kept."""
+    def access(self, seq: bytes, output: bytes = b"") -> int:
+        """One-shot use by an idealised sequential engine: returns the cached tokens of the
+        prompt `seq`, then holds every full block of `seq + output` (most recent, the chain's
+        head last), as the engine caches a finished request's generated blocks too; then evicts
+        LRU blocks, as release() does. No reference kept."""
         tokens = -(-len(seq) // BYTES_PER_TOKEN)
-        hashes = block_hashes(seq, self.block_size)
+        # the prompt's blocks lead the chain, and match() stops before its last token
+        hashes = block_hashes(seq + output, self.block_size)
         hit = self.match(hashes, tokens)
         ref = self._ref
         free = self._free
         for h in reversed(hashes):
-            if h in ref:
-                free.move_to_end(h)
-            else:
-                self._make_room(1)
+            c = ref.get(h)
+            if c is None:
                 ref[h] = 0
                 free[h] = None
+            elif c == 0:
+                free.move_to_end(h)
+        self._make_room(0)
         return hit * self.block_size

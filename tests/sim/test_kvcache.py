@@ -69,3 +69,14 @@ def test_generated_blocks_are_cached_on_release():
     c.allocate(hs, total_blocks=4)
     c.release(hs, 4, block_hashes(prompt + out, 16))
     assert c.match(block_hashes(prompt + out + b"next", 16), 66) == 4
+
+
+def test_offline_access_caches_the_output_and_counts_hits_on_the_prompt_only():
+    c = PrefixCache(10_000, 16)
+    prompt = b"p" * (B * 2)
+    out = b"o" * (B * 2)
+    assert c.access(prompt, out) == 0
+    assert c.cached_blocks() == 4  # the answer's full blocks are held too
+    assert c.access(prompt + out + b"next turn") == 64  # the next turn reuses the answer
+    # a repeat of the prompt alone may not count the answer's blocks as its own
+    assert c.access(prompt, out) == 16

@@ -1,0 +1,50 @@
+"""What the load generator logs besides its results: each request's answer (the oracle replays
+them) and the turns it planned but never sent (a conversation stops at a failed turn)."""
+
+from __future__ import annotations
+
+import socket
+
+from aiohttp.test_utils import TestServer
+
+from bench.loadgen import run_load
+from bench.oracle import oracle_hit_rate
+from bench.workloads import Workload, build
+from engine_sim.engine import Engine
+from engine_sim.profiles import PROFILES
+from engine_sim.server import build_app
+
+
+async def test_answers_are_logged_and_the_oracle_replays_them_as_the_engine_cached_them() -> None:
+    engine = Engine(PROFILES["zero"], 1_000_000)  # answers at once, so turns never overlap
+    app = build_app(model="m", served=["m"], engine=engine, max_model_len=32_768,
+                    replica_id="r0")
+    session = build("multi-turn", 20).sessions[0]
+    wl = Workload("multi-turn", [session], 0)
+    async with TestServer(app) as server:
+        url = str(server.make_url("")).rstrip("/")
+        log = await run_load(wl, [url], "m", 1000.0, 1.0, progress=False)
+    turns = len(session.turns)
+    assert [r.ok for r in log.results] == [True] * turns
+    assert len(log.sent) == len(log.answers) == log.planned == turns
+    for i, answer in enumerate(log.answers[:-1]):  # each answer is in the next turn's history
+        assert log.sent[i + 1][2 + 2 * i] == {"role": "assistant", "content": answer}
+    c = engine.counters
+    assert oracle_hit_rate(log.sent, 1_000_000, answers=log.answers) == (
+        c.cached_tokens / c.prompt_tokens
+    )
+    # without the answers the oracle would miss the history's answers, as it used to
+    assert oracle_hit_rate(log.sent, 1_000_000) < c.cached_tokens / c.prompt_tokens
+
+
+async def test_turns_after_a_failed_turn_are_planned_but_never_sent() -> None:
+    with socket.socket() as s:  # a port nothing listens on: every request fails at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    wl = build("multi-turn", 30)
+    log = await run_load(wl, [f"http://127.0.0.1:{port}"], "m", 60.0, 0.5, progress=False)
+    started = len({r.session for r in log.results})
+    assert started and len(log.sent) == started  # only each conversation's first turn
+    assert all(not r.ok and r.turn == 0 for r in log.results)
+    assert log.answers == [""] * started
+    assert log.planned == sum(len(s.turns) for s in wl.sessions[:started]) > len(log.sent)
