@@ -5,26 +5,15 @@ parameters picked per case, which says nothing of the defaults a user runs."""
 import json
 from collections import Counter
 
-from prefix_router.backends import BackendSet
-from prefix_router.config import RouterSettings
-from prefix_router.load import LoadTracker
-from prefix_router.metrics import RouterMetrics
 from prefix_router.parsing import parse_request
 from prefix_router.policy import Candidate, load_limit
 from prefix_router.routing import Plan, Router
-from prefix_router.store import LocalStore
 
 BACKENDS = [f"http://10.0.0.{i}:8000" for i in range(8)]
 SYSTEM_BYTES = 8_000  # ~2,000 tokens at the router's 4 bytes a token
 
 
-def _router() -> Router:
-    # the defaults, with the KV capacity the benchmarks give each simulator
-    s = RouterSettings(kv_capacity_tokens=24_000)
-    backends = BackendSet()
-    backends.set_members(BACKENDS)
-    store = LocalStore(s.block_size, s.kv_capacity_tokens, s.ttl_seconds, s.max_table_entries)
-    return Router(s, backends, store, LoadTracker(), RouterMetrics())
+KV = 24_000  # what the benchmarks give each simulator on system-prompts
 
 
 def _chat(system: str, user: str):
@@ -56,10 +45,10 @@ def _limit(router: Router) -> float:
     return load_limit(cands, s.load_bound, s.load_slack)
 
 
-async def test_misses_one_at_a_time_do_not_all_land_on_one_backend():
+async def test_misses_one_at_a_time_do_not_all_land_on_one_backend(make_router):
     # An idle fleet, requests one after another (each done before the next): a router that
     # breaks ties by a fixed order sends every new prefix to its first backend.
-    router = _router()
+    router = make_router(BACKENDS, KV)
     got = []
     for i in range(64):
         _plan, backend, prefill = await _send(
@@ -71,10 +60,10 @@ async def test_misses_one_at_a_time_do_not_all_land_on_one_backend():
     assert max(Counter(got).values()) <= 2 * 64 / 8, Counter(got)
 
 
-async def test_one_shared_system_prompt_gets_no_monopoly():
+async def test_one_shared_system_prompt_gets_no_monopoly(make_router):
     # Every request carries the same system prompt, ~40 in flight: no backend may take more
     # than the load bound allows, so the prompt must get more owners.
-    router = _router()
+    router = make_router(BACKENDS, KV)
     system = "You are a careful assistant. " * (SYSTEM_BYTES // 29)
     inflight: list[tuple[str, float]] = []
     served: Counter[str] = Counter()
@@ -90,10 +79,10 @@ async def test_one_shared_system_prompt_gets_no_monopoly():
     assert max(served.values()) / (400 / 8) <= 2.0, served
 
 
-async def test_overflow_keeps_affinity_to_a_partial_owner():
+async def test_overflow_keeps_affinity_to_a_partial_owner(make_router):
     # The owner of the whole prompt is past the bound. The request must go to a backend that
     # holds part of the prompt (the shared system prompt), not to a cold one at random.
-    router = _router()
+    router = make_router(BACKENDS, KV)
     system = "Shared system prompt. " * (SYSTEM_BYTES // 22)
     # user turns of many blocks, so the owner holds blocks the partial owner does not
     mine, theirs = "only the owner holds this turn " * 20, "another user's turn " * 30

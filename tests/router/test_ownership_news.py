@@ -3,23 +3,9 @@ which only refresh the table (deferred off the path to the engine, proxy.py)."""
 
 import json
 
-from prefix_router.backends import BackendSet
-from prefix_router.config import RouterSettings
-from prefix_router.load import LoadTracker
-from prefix_router.metrics import RouterMetrics
 from prefix_router.parsing import parse_request
-from prefix_router.routing import Router
-from prefix_router.store import LocalStore
 
 BACKENDS = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
-
-
-def _router() -> Router:
-    s = RouterSettings(kv_capacity_tokens=100_000)
-    backends = BackendSet()
-    backends.set_members(BACKENDS)
-    store = LocalStore(s.block_size, s.kv_capacity_tokens, s.ttl_seconds, s.max_table_entries)
-    return Router(s, backends, store, LoadTracker(), RouterMetrics())
 
 
 def _parsed():
@@ -27,8 +13,8 @@ def _parsed():
     return parse_request(json.dumps(body).encode(), "chat")
 
 
-async def test_a_first_placement_is_news_and_a_repeat_on_its_owner_is_not():
-    router = _router()
+async def test_a_first_placement_is_news_and_a_repeat_on_its_owner_is_not(make_router):
+    router = make_router(BACKENDS, 100_000)
     first = await router.plan(_parsed())
     assert first.decision.reason == "miss"
     owner = first.decision.backend
