@@ -137,11 +137,6 @@ class RouterSettings(_Strict):
     # `bench run`s, not committed). Re-run (long-point, tag retune, 3 rounds, 2026-12-05): 0
     # gave hit rate 0.820 against 0.830 and TTFT p90 189 against 160 ms.
     evict_weight: float = Field(default=1.0, ge=0)
-    # A miss decides where every later request of its prefix goes, so it is placed by the
-    # demand each backend already serves (requests a second, decayed over 30 s), not by the
-    # requests in flight this instant: only backends serving at most (1 + this) x the mean
-    # demand take a new prefix, where any does; null = off.
-    miss_demand_bound: float | None = Field(default=0.0, ge=0)
     # Cost, in prefill tokens, of each millisecond a request would wait on a backend for the
     # engine step in progress there to end (steps.py); 0 turns the step rhythm off. 12.6 would
     # be a millisecond of prefill on the Llama-3.1-70B / 4 x H100 profile (79 us a token); 30

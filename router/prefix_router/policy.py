@@ -31,7 +31,6 @@ class Candidate:
     occupancy: float = 0.0  # share of its KV capacity the table thinks is in use (0..1)
     tail_age: float = math.inf  # seconds since its coldest cached block was used, if full
     step_wait: float = 0.0  # seconds until its current engine step should end (steps.py)
-    demand: float = 0.0  # requests a second it was sent lately (decayed, routing.py)
 
 
 @dataclass(slots=True)
@@ -74,7 +73,6 @@ def choose_prefix(
     load_slack: float = 0.0,
     wait_tokens_per_s: float = 0.0,
     spread: bool = False,
-    miss_demand_bound: float | None = None,
 ) -> Decision:
     if not cands:
         raise ValueError("no candidates")
@@ -122,15 +120,6 @@ def choose_prefix(
     held = [c for c in cands if c.inflight + 1 > limit]
     allowed.sort(key=rank, reverse=True)
     held.sort(key=rank, reverse=True)
-    if best_match == 0 and miss_demand_bound is not None and allowed:
-        # Where a new prefix lands, all its later requests follow. The load this instant is a
-        # poor guide to that at low load (a handful of requests): a backend already serving a
-        # hot prefix may be idle for a moment. So only the backends serving at most
-        # (1 + bound) x the mean demand take it (bench/results/long-point, tag miss-demand).
-        ceiling = (1.0 + miss_demand_bound) * sum(c.demand for c in cands) / len(cands)
-        light = [c for c in allowed if c.demand <= ceiling]
-        if light:
-            allowed = light + [c for c in allowed if c.demand > ceiling]
     # The prefix's demand wants one more owner (routing.py): the best backend within bounds
     # that does not hold all of it takes this request and becomes one. More owners give later
     # requests a choice of engine step (step_wait) and of load.

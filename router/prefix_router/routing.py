@@ -73,9 +73,7 @@ class Router:
         self._block_bytes = settings.block_bytes
         self._uses_table = settings.policy == "prefix"
         self.steps = StepClock()
-        self.hot: HotPrefixes[int] = HotPrefixes()
-        # requests sent to each backend, decayed: the demand a miss is placed by (policy.py)
-        self.served: HotPrefixes[str] = HotPrefixes(max_tracked=1 << 16)
+        self.hot = HotPrefixes()
         self.hand_over = HandOver()
         self._warm = settings.warm_start and self._uses_table
 
@@ -141,10 +139,6 @@ class Router:
                 for b in healthy
             ]
             best = max(c.matched_blocks for c in cands)
-            if not best and s.miss_demand_bound is not None:
-                at = time.monotonic()
-                for c in cands:
-                    c.demand = self.served.rate(c.name, at)
             wait_cost = s.step_wait_tokens_per_ms * 1000.0
             if wait_cost and best:  # choose_prefix ignores it on a miss
                 self._step_waits(cands)
@@ -175,7 +169,6 @@ class Router:
                 load_slack=s.load_slack,
                 wait_tokens_per_s=wait_cost,
                 spread=spread,
-                miss_demand_bound=s.miss_demand_bound,
             )
             if self._warm and hashes:
                 decision = self._warm_start(decision, cands, hashes, time.monotonic())
@@ -262,8 +255,6 @@ class Router:
         """Count the load now, so concurrent requests see it."""
         prefill = max(plan.prompt_tokens - self.predicted_tokens(plan, backend), 0.0)
         self.load.start(backend, prefill)
-        if self._uses_table:
-            self.served.observe(backend, time.monotonic())
         self.metrics.set_inflight(backend, self.load.own_inflight(backend))
         return prefill
 

@@ -11,9 +11,8 @@ of the traffic (their count over all replicas), hottest first, round-robin over 
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
 
 HALF_LIFE_S = 30.0  # a prefix's heat halves in this time without requests
 MAX_TRACKED = 4096  # prefixes tracked; the coldest go first
@@ -26,22 +25,18 @@ class _Heat:
     at: float
 
 
-K = TypeVar("K", bound=Hashable)
-
-
-class HotPrefixes(Generic[K]):
-    """Decayed request counts per shared prefix (the deepest block a request matched); also
-    per backend (routing.py keys a second one by URL)."""
+class HotPrefixes:
+    """Decayed request counts per shared prefix (the deepest block a request matched)."""
 
     def __init__(self, half_life: float = HALF_LIFE_S, max_tracked: int = MAX_TRACKED) -> None:
         self._rate = math.log(2) / half_life
         self._max = max_tracked
-        self._heat: dict[K, _Heat] = {}
+        self._heat: dict[int, _Heat] = {}
 
     def _decayed(self, h: _Heat, now: float) -> float:
         return h.score * math.exp(-self._rate * (now - h.at))
 
-    def observe(self, key: K, now: float) -> None:
+    def observe(self, key: int, now: float) -> None:
         h = self._heat.get(key)
         if h is None:
             if len(self._heat) >= self._max:
@@ -51,7 +46,7 @@ class HotPrefixes(Generic[K]):
         h.score = self._decayed(h, now) + 1.0
         h.at = now
 
-    def rate(self, key: K, now: float) -> float:
+    def rate(self, key: int, now: float) -> float:
         """Requests per second: a steady stream of r/s holds a decayed count of r / (ln 2 /
         half-life), so the count times that is the rate (low for a prefix not seen for long)."""
         h = self._heat.get(key)
@@ -62,7 +57,7 @@ class HotPrefixes(Generic[K]):
         for key, _ in ranked[: len(ranked) // 4 or 1]:
             del self._heat[key]
 
-    def top(self, now: float, n: int = 64) -> list[tuple[K, float]]:
+    def top(self, now: float, n: int = 64) -> list[tuple[int, float]]:
         """(prefix key, heat) hottest first; heat is in decayed requests."""
         ranked = sorted(
             ((k, self._decayed(h, now)) for k, h in self._heat.items()),

@@ -227,17 +227,3 @@ def test_a_long_step_on_the_owner_never_sends_its_request_elsewhere():
     )
     assert (d.backend, d.reason) == ("a", "hit")
 
-
-def test_a_miss_goes_to_a_backend_serving_at_most_the_mean_demand():
-    # "busy" serves a hot prefix (3 req/s) but is idle this instant; a new prefix must not
-    # land there just because its in-flight count is the lowest right now
-    busy = Candidate("busy", 0, 0, 0, demand=3.0)
-    others = [Candidate(n, 1, 0, 0, demand=1.0) for n in "abc"]
-    kw = dict(block_tokens=16, eps=0.5, load_cost_tokens=64, key=5)
-    assert choose_prefix([busy, *others], **kw).backend == "busy"  # off: by load alone
-    d = choose_prefix([busy, *others], miss_demand_bound=0.0, **kw)
-    assert d.backend != "busy" and d.reason == "miss"
-    assert "busy" in d.order  # still a fallback for a retry
-    # a hit is not moved by demand: the owner keeps its prefix
-    owner = Candidate("busy", 0, 0, 10, demand=3.0)
-    assert choose_prefix([owner, *others], miss_demand_bound=0.0, **kw).backend == "busy"
