@@ -195,8 +195,9 @@ async def _one(
             # per event) and only up to its first content event is parsed on the way, as that
             # stops the TTFT clock; the rest is parsed after the stream ends. So the client's
             # own CPU delays what it measures as little as it can: reading by lines and
-            # decoding with json took 38.1 us of its CPU a streamed token, this 31.7
-            # (16 streams of 200 tokens from one simulator, 2026-12-05, this 2-core host).
+            # decoding with json took 38.1 us of its CPU a streamed token, this 31.7, both on
+            # asyncio's own loop (16 streams of 200 tokens, 2026-12-05). Under uvloop, as every
+            # bench command runs, `bench stream-cpu` reads 15-20 us (bench/results/stream-cpu).
             buf = bytearray()
             unread = 0
             async for chunk in r.content.iter_any():

@@ -220,7 +220,8 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
         # The events of one stream differ only in the piece (and the first and last in a field
         # or two): the bytes around it are made once, not a dict and a json.dumps a token.
         # Sim CPU a streamed token, 16 streams of 200 tokens: 19.2 us with a dict and
-        # json.dumps, 15.5 us so (2026-12-05, this 2-core host).
+        # json.dumps, 15.5 us so (2026-12-05, this 2-core host; `bench stream-cpu` measures it
+        # again: 16.9-22.5 us in four runs, 2026-12-05 19:30-20:00).
         head = (
             f'data: {{"id":{json.dumps(rid)},"object":"{kind}","created":{created},'
             f'"model":{json.dumps(model)},"choices":[{{"index":0,'

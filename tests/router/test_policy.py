@@ -226,4 +226,3 @@ def test_a_long_step_on_the_owner_never_sends_its_request_elsewhere():
         cands, block_tokens=16, eps=10, load_cost_tokens=64, key=7, wait_tokens_per_s=30_000
     )
     assert (d.backend, d.reason) == ("a", "hit")
-
