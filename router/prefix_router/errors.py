@@ -87,10 +87,13 @@ class _JsonErrorHandler(RequestHandler):
         message: str | None = None,
     ) -> web.StreamResponse:
         super().handle_error(request, status, exc, message)  # logs; raises if bytes went out
-        phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
+        try:
+            phrase = HTTPStatus(status).phrase
+        except ValueError:
+            phrase = "bad request"
         # a 500's own message may be a traceback: the client gets only the phrase
         text = phrase if status >= 500 or not message else message
-        return error_response(RequestError(status, text or "bad request", close=True))
+        return error_response(RequestError(status, text, close=True))
 
 
 class JsonErrorServer(web.Server):
