@@ -1,4 +1,5 @@
 import asyncio
+import time
 
 from engine_sim.engine import Engine
 from engine_sim.profiles import PROFILES, Profile
@@ -42,6 +43,26 @@ async def test_prefill_time_scales_with_uncached_tokens():
         assert t2 < t1 / 3
     finally:
         await e.stop()
+
+
+async def test_decode_slows_as_the_batch_grows():
+    # each step reads the KV of every decoding sequence: 2,000 tokens of context at 5 us a
+    # token is 10 ms a sequence, so a step with 4 sequences takes ~4x one with 1
+    kv_bound = Profile("t", 0.001, 0.0, 5e-6, 8192, 100_000)
+
+    async def decode_time(n: int) -> float:
+        e = Engine(kv_bound, 100_000)
+        e.start()
+        try:
+            t0 = time.perf_counter()  # prefill is free here: the time is the decode steps
+            rs = [e.submit(f"seq {i} ".encode() + b"x" * 8000, 6, i) for i in range(n)]
+            await asyncio.gather(*(drain(r) for r in rs))
+            return time.perf_counter() - t0
+        finally:
+            await e.stop()
+
+    one, four = await decode_time(1), await decode_time(4)
+    assert four > 2.5 * one, (one, four)
 
 
 async def test_cancel_frees_slot_and_blocks():
