@@ -1045,7 +1045,6 @@ async def run_plan(plan: Plan, out: Path) -> list[dict[str, str]]:
     """Every point of `plan`; one JSON each under `out`. Returns what was skipped, and why."""
     import shutil
 
-
     host = machine()
     ours_version = _git_version()
     have_redis = shutil.which("redis-server") is not None

@@ -429,7 +429,6 @@ async def run_all(
 ) -> list[dict[str, Any]]:
     """Every router in `routers`, one JSON each under `out` (the reason instead of figures
     when one cannot run)."""
-
     host = machine()
     ours_version = _git_version()
     have_redis = shutil.which("redis-server") is not None
