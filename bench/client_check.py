@@ -32,7 +32,7 @@ from engine_sim.chat import render_chat
 from .compare import _git_version, router_info, settle, start_router
 from .fleet import Fleet
 from .loadgen import run_load
-from .provenance import machine, now_utc
+from .provenance import stamp
 from .run import KV_CAPACITY, MODEL, fetch_stats, start_sims
 from .stats import percentiles_ms
 from .workloads import Workload, build, messages_for
@@ -211,8 +211,7 @@ def main(workload: str, routers: list[str], rate: float, n: int) -> dict[str, An
         "verdicts": verdicts,
         "command": (f".venv/bin/python -m bench client-check --workload {workload} --routers "
                     f"{' '.join(routers)} --rate {rate:g} --requests {n}"),
-        "measured_at": now_utc(),
-        "machine": machine(),
+        **stamp(),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{workload}.json").write_text(json.dumps(result, indent=2) + "\n")

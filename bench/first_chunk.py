@@ -33,7 +33,7 @@ import aiohttp
 
 from .fleet import Fleet, free_port
 from .loadgen import Result, _one, run_load
-from .provenance import machine, now_utc
+from .provenance import stamp
 from .run import timings_by_id, ttft_split
 from .stats import histogram_sum_count, percentile, percentiles_ms
 from .workloads import build, messages_for
@@ -158,8 +158,7 @@ async def probe(
         + f"--requests {requests} --rounds {rounds} --max-tokens {max_tokens}"
         + (f" --profile {profile}" if profile != "zero" else "")
         + (f" --background {background:g}" if background else ""),
-        "measured_at": now_utc(),
-        "machine": machine(),
+        **stamp(),
         "max_tokens": max_tokens,
         "profile": profile,
         "background_rps": background,

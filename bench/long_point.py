@@ -24,7 +24,7 @@ from .anchors import ANCHORS, start_anchor
 from .compare import SESSION_HEADER, settle
 from .fleet import Fleet, Proc
 from .loadgen import run_load
-from .provenance import machine, now_utc
+from .provenance import stamp
 from .run import MODEL, fetch_stats, kv_capacity, run_count, run_working_set, start_sims
 from .stats import imbalance, percentiles_ms
 from .workloads import build
@@ -160,8 +160,7 @@ def main(workload: str, rate: float, seconds: float, repeats: int,
         "command": (f".venv/bin/python -m bench long-point --workload {workload} --rate "
                     f"{rate:g} --seconds {seconds:g} --repeat {repeats} --setups "
                     + " ".join(f"'{s}'" if "," in s else s for s in setups)),
-        "measured_at": now_utc(),
-        "machine": machine(),
+        **stamp(),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     if tag:

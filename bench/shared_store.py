@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .provenance import machine, now_utc
+from .provenance import machine, stamp
 from .report import table
 from .run import RunConfig, run
 
@@ -80,8 +80,7 @@ def main(workloads: Sequence[str], rate: float, seconds: float) -> str:
                 f".venv/bin/python -m bench run --workload {workload} --rate {rate:g} "
                 f"--seconds {seconds:g} --router-replicas {routers} --store {store}"
             )
-            res["measured_at"] = now_utc()
-            res["machine"] = machine()
+            res.update(stamp())
             (OUT / f"{name(workload, routers, store)}.json").write_text(
                 json.dumps(res, indent=2) + "\n")
             rows.append(res)

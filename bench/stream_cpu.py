@@ -5,8 +5,9 @@ Why it exists: every router's TTFT carries the path client -> router -> engine -
 client, and on a 2-core host the simulator writing a burst of tokens and the client reading
 them compete with the router for the same cores. Step-aware placement sends a request to an
 engine just as its step ends, when that simulator writes its burst, so these costs weigh on
-`prefix` more than on the baselines. The figures quoted in sim/engine_sim/server.py and
-bench/loadgen.py come from this command.
+`prefix` more than on the baselines. The before/after pairs in the comments of
+sim/engine_sim/server.py and bench/loadgen.py came from ad-hoc scripts on asyncio's own loop;
+this command gives the current figures, as bench commands run.
 
 How: one simulator (Llama-3.1-70B profile, time scale 0.1 so a stream is short but still
 paced), N concurrent streams of T tokens read by `loadgen._one` (the load generator's own
@@ -30,6 +31,7 @@ import aiohttp
 from .fleet import Fleet, cpu_seconds
 from .loadgen import _one
 from .provenance import stamp
+from .run import PROFILE
 
 OUT = Path("bench/results/stream-cpu")
 MODEL = "sim-cpu"
@@ -50,8 +52,7 @@ async def measure(streams: int, tokens: int, seconds: float, log_dir: Path) -> d
     msgs = [{"role": "user", "content": "hello " * 50}]
     async with Fleet(log_dir) as fleet:
         sim = await fleet.start_sim(
-            "sim", model=MODEL, kv_capacity=1_000_000, profile="llama-3.1-70b-h100",
-            time_scale=0.1,
+            "sim", model=MODEL, kv_capacity=1_000_000, profile=PROFILE, time_scale=0.1
         )
         assert sim.process is not None
         conn = aiohttp.TCPConnector(limit=0)

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from .compare import point_row
-from .provenance import machine, now_utc
+from .provenance import machine, now_utc, stamp
 from .report import COLUMNS, table
 from .run import RunConfig, run
 
@@ -97,8 +97,7 @@ def suite(quick: bool = False, only: str | None = None, repeat: int = 1) -> None
         print("== overhead", flush=True)
         res = asyncio.run(measure(500, 10 if quick else 20))
         res["command"] = ".venv/bin/python -m bench overhead --rate 500 --seconds 20"
-        res["machine"] = machine()
-        res["measured_at"] = now_utc()
+        res.update(stamp())
         (RESULTS / "overhead.json").write_text(json.dumps(res, indent=2) + "\n")
     write_readme()
 
