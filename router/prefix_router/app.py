@@ -1,8 +1,8 @@
 """HTTP entry: the aiohttp application, its handlers and its lifecycle.
 
 A request's path, top to bottom: `completions` (here) -> parse_request (parsing.py) ->
-Router.plan (routing.py: prefix key, lookup, policy) -> forward (proxy.py: upstream, stream,
-retry) -> Router.learn (routing.py: record).
+Scheduler.route (scheduling/: prefix key, index lookup, filters, scorers, picker) -> forward
+(proxy.py: one Attempt per backend tried, attempt.py: load and index records).
 """
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import aiohttp
 from aiohttp import web
@@ -20,33 +19,26 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from .backends import BackendSet
 from .config import RouterSettings
 from .discovery import Discovery, FileDiscovery, StaticDiscovery
-from .errors import JsonErrorServer, RequestError, error_body, error_response
+from .encoding import inflate
+from .errors import CLIENT_MISTAKES, RequestError, errors_as_json, expect_continue, server_header
 from .health import HealthLoop
 from .load import LoadTracker
 from .metrics import RouterMetrics
+from .offload import Offload
 from .parsing import Kind, parse_request
 from .proxy import forward
-from .routing import Router
-from .store import LocalStore, TableStore
-from .upstream import UpstreamClient
+from .scheduling import Scheduler
+from .store import Store, make_store
+from .upstream import AiohttpUpstream, Upstream
 
 log = logging.getLogger("prefix_router")
 
-ROUTER: web.AppKey[Router] = web.AppKey("router", Router)
-# SESSION: health probes and other calls off the hot path; UPSTREAM: forwarding (proxy.py).
-SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey("session", aiohttp.ClientSession)
-UPSTREAM: web.AppKey[UpstreamClient] = web.AppKey("upstream", UpstreamClient)
+
 SETTINGS: web.AppKey[RouterSettings] = web.AppKey("settings", RouterSettings)
-
-
-def make_store(s: RouterSettings) -> TableStore:
-    if s.store.mode == "redis":
-        from .redis_store import RedisStore  # only imported where a shared store is configured
-
-        return RedisStore(s)
-    return LocalStore(
-        s.block_size, s.kv_capacity_tokens, s.ttl_seconds, s.max_table_entries, s.max_owners
-    )
+SCHEDULER: web.AppKey[Scheduler] = web.AppKey("scheduler", Scheduler)
+STORE: web.AppKey[Store] = web.AppKey("store", Store)
+UPSTREAM: web.AppKey[Upstream] = web.AppKey("upstream", object)  # type: ignore[arg-type]
+DRAINING: web.AppKey[asyncio.Event] = web.AppKey("draining", asyncio.Event)
 
 
 def make_discovery(s: RouterSettings) -> Discovery:
@@ -60,64 +52,53 @@ def make_discovery(s: RouterSettings) -> Discovery:
     return StaticDiscovery(s.discovery.backends)
 
 
-@web.middleware
-async def errors_as_json(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except RequestError as err:
-        return error_response(err)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        message = exc.reason or "error"
-        if exc.status == 404:
-            message = f"no route for {request.method} {request.path}"
-        elif exc.status == 405:
-            allowed = exc.headers.get("Allow", "")
-            message = f"{request.method} is not allowed on {request.path} (allowed: {allowed})"
-        return web.Response(
-            status=exc.status,
-            body=error_body(exc.status, message),
-            content_type="application/json",
-            headers={k: v for k, v in exc.headers.items() if k.lower() == "allow"},
-        )
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception:
-        log.exception("unexpected error on %s %s", request.method, request.path)
-        return web.Response(
-            status=500,
-            body=error_body(500, "internal router error"),
-            content_type="application/json",
-        )
+def make_upstream(s: RouterSettings) -> Upstream:
+    if s.upstream_client == "httptools":
+        from .upstream_httptools import UpstreamClient
+
+        return UpstreamClient(s.connect_timeout_s, s.upstream_timeout_s)
+    return AiohttpUpstream(s.connect_timeout_s, s.upstream_timeout_s)
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes:
+async def _read_body(
+    request: web.Request, limit: int, timeout: float, offload: Offload
+) -> bytes:
     length = request.content_length
     if length is not None and length > limit:
         raise RequestError(
             413, f"the request body ({length} bytes) is over the limit of {limit} bytes"
         )
     try:
-        return await request.read()
+        async with asyncio.timeout(timeout):
+            raw = await request.read()
+    except TimeoutError:
+        raise RequestError(408, f"the request body did not arrive within {timeout:g}s",
+                           close=True) from None  # fmt: skip
     except web.HTTPRequestEntityTooLarge:
         raise RequestError(413, f"the request body is over the limit of {limit} bytes") from None
     except web.RequestPayloadError as exc:
-        # e.g. a Content-Encoding the body does not decode with
         raise RequestError(400, f"the request body cannot be read: {exc}", close=True) from None
+    coding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if coding == "identity":
+        return raw
+    # inflated here, bounded and off the loop: aiohttp's server does it on the loop, as the
+    # bytes arrive (a small deflate body of zeros held every other client for seconds)
+    return await offload.run(len(raw) * 64, inflate, raw, coding, limit)
 
 
 async def _completions(request: web.Request, kind: Kind) -> web.StreamResponse:
     app = request.app
     s = app[SETTINGS]
-    router = app[ROUTER]
-    raw = await _read_body(request, s.max_body_bytes)
+    sched = app[SCHEDULER]
+    raw = await _read_body(request, s.max_body_bytes, s.body_timeout_s, sched.offload)
     salt = request.headers.get(s.salt_header) if s.salt_header else None
-    parsed = parse_request(raw, kind, salt)
-    plan = await router.plan(parsed)
-    return await forward(request, plan, raw, router, app[UPSTREAM])
+    parsed = await sched.offload.run(len(raw), parse_request, raw, kind, salt, s.salt_header_wins)
+    if salt is not None and s.salt_header_wins and parsed.body.get("cache_salt") != salt:
+        # the engine isolates its cache by the body's salt: it gets the gateway's
+        parsed.body["cache_salt"] = salt
+        raw = json.dumps(parsed.body).encode()
+    route = await sched.route(parsed)
+    return await forward(request, route, raw, sched, app[UPSTREAM])
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -129,10 +110,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def models(request: web.Request) -> web.Response:
-    router = request.app[ROUTER]
+    sched = request.app[SCHEDULER]
     s = request.app[SETTINGS]
-    names = sorted(s.models) if s.models else sorted(router.backends.served_models())
-    if not names and not router.backends.healthy():
+    names = sorted(s.models) if s.models else sorted(sched.backends.served_models())
+    if not names and not sched.backends.healthy():
         raise RequestError(503, "no healthy backend is available", retry_after=1)
     data = [{"id": n, "object": "model", "owned_by": "prefix-router"} for n in names]
     return web.json_response({"object": "list", "data": data})
@@ -143,78 +124,79 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    router = request.app[ROUTER]
-    healthy = len(router.backends.healthy())
+    sched = request.app[SCHEDULER]
+    healthy = len(sched.backends.healthy())
+    draining = request.app[DRAINING].is_set()
     body = {
-        "ready": healthy > 0,
-        "backends": len(router.backends.all()),
+        "ready": healthy > 0 and not draining,
+        "draining": draining,
+        "backends": len(sched.backends.all()),
         "healthy_backends": healthy,
-        "store": "degraded" if router.store.degraded else "ok",
+        "store": "degraded" if request.app[STORE].stats().degraded else "ok",
     }
     return web.Response(
-        status=200 if healthy else 503, text=json.dumps(body), content_type="application/json"
+        status=200 if body["ready"] else 503, text=json.dumps(body),
+        content_type="application/json",
+    )
+
+
+def _metrics_page(app: web.Application) -> web.Response:
+    sched = app[SCHEDULER]
+    sched.metrics.show_store(sched.index.entries(), app[STORE].stats())
+    return web.Response(
+        body=generate_latest(sched.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
     )
 
 
 async def metrics(request: web.Request) -> web.Response:
-    router = request.app[ROUTER]
-    router.metrics.table_entries.set(router.store.entries())
-    router.metrics.store_degraded.set(1 if router.store.degraded else 0)
-    trips = router.metrics.store_round_trips
-    trips.labels("request").set(getattr(router.store, "round_trips", 0))
-    trips.labels("timer").set(getattr(router.store, "timer_round_trips", 0))
-    router.metrics.store_slow_lookups.set(getattr(router.store, "slow_lookups", 0))
-    router.metrics.store_budget.set(getattr(router.store, "budget_ms", 0.0) / 1000.0)
-    router.metrics.set_working_set(getattr(router.store, "working_set_tokens", None))
-    return web.Response(
-        body=generate_latest(router.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-    )
+    return _metrics_page(request.app)
 
 
-def build_app(
-    settings: RouterSettings, discovery: Discovery | None = None, store: TableStore | None = None
-) -> web.Application:
+def build_app(settings: RouterSettings, discovery: Discovery | None = None) -> web.Application:
     app = web.Application(middlewares=[errors_as_json], client_max_size=settings.max_body_bytes)
+    logging.getLogger("aiohttp.server").addFilter(CLIENT_MISTAKES)  # once: filters are a set
+    if not settings.expose_routing:
+        app.on_response_prepare.append(server_header)
     app[SETTINGS] = settings
+    app[DRAINING] = asyncio.Event()
     backends = BackendSet(settings.health.eject_after_failures, settings.health.readmit_after_s)
-    the_store = store or make_store(settings)
-    router = Router(settings, backends, the_store, LoadTracker(), RouterMetrics())
-    app[ROUTER] = router
-    if hasattr(the_store, "load_source"):
-        the_store.load_source = router.load  # type: ignore[attr-defined]
-    backends.on_gone(the_store.drop_backend)
-    backends.on_gone(router.load.forget)
-    backends.on_gone(router.left)
+    load = LoadTracker()
+    the_store = app[STORE] = make_store(settings, load)
+    metrics_ = RouterMetrics()
+    sched = app[SCHEDULER] = Scheduler(
+        settings, backends, the_store.index, load, metrics_,
+        routers=the_store.routers, observe=the_store.observe, requested=the_store.requested,
+    )
+    backends.on_gone(the_store.index.drop_backend)
+    backends.on_gone(load.forget)
+    backends.on_gone(sched.left)
     the_discovery = discovery or make_discovery(settings)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        connector = aiohttp.TCPConnector(
-            limit=0, limit_per_host=0, keepalive_timeout=60, enable_cleanup_closed=True
-        )
-        timeout = aiohttp.ClientTimeout(
-            total=None,
-            sock_connect=settings.connect_timeout_s,
-            sock_read=settings.upstream_timeout_s,
-        )
-        session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=timeout,
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent",),
-        )
-        app[SESSION] = session
-        upstream = UpstreamClient(settings.connect_timeout_s, settings.upstream_timeout_s)
-        app[UPSTREAM] = upstream
+        upstream = app[UPSTREAM] = make_upstream(settings)
         backends.on_gone(upstream.forget)
+        # health probes and scrapes: off the forwarding path, with their own timeouts
+        probes = aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
         await the_store.start()
         health = HealthLoop(
-            settings.health, backends, router.load, the_store, router.metrics, session
+            settings.health, backends, load, the_store.index, metrics_, probes
         )
 
         def on_change(urls: Sequence[str]) -> None:
-            added, _removed = backends.set_members(urls)
-            router.joined(added)
+            backends.set_members(urls)
 
+        events = None
+        if settings.index == "events":
+            from .events.subscriber import EventSubscriber  # pyzmq: only where events are read
+
+            events = EventSubscriber(
+                settings.events, the_store.index, settings.block_size,
+                lambda backend, lora: lora or sched.model_of(backend),
+                sched.speculative.drop_backend,
+                lambda backend, model, keys: sched.speculative.settle(model, keys, backend),
+            )
+            backends.on_join(events.join)
+            backends.on_gone(lambda b: asyncio.ensure_future(events.leave(b)))
         await the_discovery.start(on_change)
         await health.probe_once()
         health.start()
@@ -223,42 +205,79 @@ def build_app(
         finally:
             await health.stop()
             await the_discovery.stop()
+            if events is not None:
+                await events.close()
             await the_store.close()
             await upstream.close()
-            await session.close()
+            await probes.close()
 
     app.cleanup_ctx.append(lifecycle)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions, expect_handler=expect_continue)
+    app.router.add_post(
+        "/v1/chat/completions", chat_completions, expect_handler=expect_continue
+    )
     app.router.add_get("/v1/models", models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    if settings.metrics_port is None:
+        app.router.add_get("/metrics", metrics)
     return app
 
 
-async def serve(settings: RouterSettings, ready: Callable[[int], None] | None = None) -> None:
-    """Run until cancelled. `ready` gets the bound port (useful with port 0)."""
+def metrics_app(app: web.Application) -> web.Application:
+    """/metrics alone, for a port of its own (settings.metrics_port)."""
+    m = web.Application()
+
+    async def show(request: web.Request) -> web.Response:
+        return _metrics_page(app)
+
+    m.router.add_get("/metrics", show)
+    return m
+
+
+async def serve(
+    settings: RouterSettings,
+    stop: asyncio.Event,
+    ready: Callable[[int], None] | None = None,
+) -> None:
+    """Serve until `stop` is set, then drain: readiness fails at once (the pod leaves its
+    Service's endpoints), the listener keeps serving for `drain_grace_s` (clients that have
+    not heard yet are still served), then closes, and requests in flight get up to
+    `shutdown_timeout_s` to finish. `ready` gets the bound port (useful with port 0)."""
     app = build_app(settings)
-    # handler_cancellation: a client that disconnects cancels its handler, and so its upstream.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    # handler_cancellation: a client that disconnects cancels its handler, and so its upstream
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None,
+        shutdown_timeout=settings.shutdown_timeout_s,
+        keepalive_timeout=settings.keepalive_timeout_s,
+        # bodies come as sent: inflated by the router itself, bounded and off the loop
+        auto_decompress=False,
+        # after an answer that closes the connection, the rest of a slow body is not waited
+        # for: aiohttp's default reads on for 10 s
+        lingering_time=1.0,
+    )
     await runner.setup()
-    # aiohttp builds its server in setup() and offers no factory for it
-    runner.server.__class__ = JsonErrorServer  # type: ignore[union-attr]
     site = web.TCPSite(runner, settings.host, settings.port, backlog=1024, reuse_address=True)
     await site.start()
-    sock = site._server.sockets[0] if site._server and site._server.sockets else None  # type: ignore[union-attr]
-    port = sock.getsockname()[1] if isinstance(sock, socket.socket) else settings.port
+    side = None
+    if settings.metrics_port is not None:
+        side = web.AppRunner(metrics_app(app), access_log=None)
+        await side.setup()
+        await web.TCPSite(side, settings.host, settings.metrics_port).start()
+    port = runner.addresses[0][1] if runner.addresses else settings.port
     log.info(
         "prefix-router listening on %s:%d policy=%s backends=%d",
-        settings.host,
-        port,
-        settings.policy,
-        len(app[ROUTER].backends.all()),
+        settings.host, port, settings.policy, len(app[SCHEDULER].backends.all()),
     )
     if ready:
         ready(port)
     try:
-        await asyncio.Event().wait()
+        await stop.wait()
+        app[DRAINING].set()
+        log.info("draining: not ready; serving for %gs more", settings.drain_grace_s)
+        await asyncio.sleep(settings.drain_grace_s)
+        log.info("closing the listener; requests in flight get %gs", settings.shutdown_timeout_s)
     finally:
         await runner.cleanup()
+        if side is not None:
+            await side.cleanup()

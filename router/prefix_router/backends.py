@@ -17,6 +17,8 @@ class Backend:
     failures: int = 0
     ejected_at: float | None = None
     models: frozenset[str] = field(default_factory=frozenset)
+    max_model_len: int | None = None  # as its /v1/models says (vLLM's model cards do)
+    request_failures: int = 0  # in a row; a successful probe does not reset them
 
     @property
     def name(self) -> str:
@@ -26,8 +28,10 @@ class Backend:
 class BackendSet:
     """Which backends exist and which may take traffic.
 
-    A backend is ejected after `eject_after` consecutive failures (probe or request) and is
-    re-admitted by a successful probe once `readmit_after` seconds have passed. Listeners hear
+    A backend is ejected once its probe failures in a row and its request failures in a row
+    reach `eject_after` together (a successful probe ends only the probes' run, a served
+    request only the requests'), and is re-admitted by a successful probe once
+    `readmit_after` seconds have passed. Listeners hear
     of every backend that stops taking traffic (left or ejected), so its table entries go.
     """
 
@@ -83,22 +87,29 @@ class BackendSet:
         return self._healthy
 
     def report_success(self, url: str) -> None:
+        """A request it served: its run of request failures ends."""
         b = self._by_url.get(url)
         if b is not None and b.healthy:
-            b.failures = 0
+            b.request_failures = 0
 
-    def report_failure(self, url: str, why: str) -> bool:
-        """Count a failure; returns True when this one ejected the backend."""
+    def report_failure(self, url: str, why: str, probe: bool = False) -> bool:
+        """Count a failure of a request (or, `probe`, of a health probe); returns True when
+        this one ejected the backend. Each kind's run ends only with a success of its own
+        kind: an engine that answers its probes and hangs every request still leaves."""
         b = self._by_url.get(url)
         if b is None or not b.healthy:
             return False
-        b.failures += 1
-        if b.failures < self._eject_after:
+        if probe:
+            b.failures += 1
+        else:
+            b.request_failures += 1
+        if b.failures + b.request_failures < self._eject_after:
             return False
         b.healthy = False
         b.ejected_at = self._clock()
         self._refresh()
-        log.warning("backend ejected after %d failures: %s (%s)", b.failures, url, why)
+        log.warning("backend ejected after %d probe and %d request failures in a row: %s (%s)",
+                    b.failures, b.request_failures, url, why)  # fmt: skip
         for fn in self._on_gone:
             fn(url)
         return True
@@ -108,7 +119,7 @@ class BackendSet:
         if b is None:
             return
         if not ok:
-            self.report_failure(url, why or "probe failed")
+            self.report_failure(url, why or "probe failed", probe=True)
             return
         if b.healthy:
             b.failures = 0
@@ -117,16 +128,18 @@ class BackendSet:
         if self._clock() - b.ejected_at >= self._readmit_after:
             b.healthy = True
             b.failures = 0
+            b.request_failures = 0
             b.ejected_at = None
             self._refresh()
             log.info("backend re-admitted: %s", url)
             for fn in self._on_join:
                 fn(url)
 
-    def set_models(self, url: str, models: Iterable[str]) -> None:
+    def set_models(self, url: str, models: Iterable[str], max_model_len: int | None = None) -> None:
         b = self._by_url.get(url)
         if b is not None:
             b.models = frozenset(models)
+            b.max_model_len = max_model_len
 
     def served_models(self) -> set[str]:
         out: set[str] = set()

@@ -9,11 +9,13 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 
 from pydantic import ValidationError
 
 from .app import serve
 from .config import POLICIES, load_settings
+from .tokens import fetch_tokenizer
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -51,6 +53,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model-key", help="key namespace of this model in the shared store")
     p.add_argument("--log-level", default=None)
     p.add_argument(
+        "--expose-routing",
+        action="store_true",
+        default=None,
+        help="tell clients where each request went (x-routed-to, x-route-reason)",
+    )
+    p.add_argument(
         "--log-decisions",
         action="store_true",
         default=None,
@@ -76,6 +84,7 @@ def main(argv: list[str] | None = None) -> None:
         "model_key": args.model_key,
         "log_level": args.log_level,
         "log_decisions": args.log_decisions,
+        "expose_routing": args.expose_routing,
         "discovery.backends": backends,
         "discovery.mode": args.discovery,
         "discovery.file": args.backends_file,
@@ -95,25 +104,45 @@ def main(argv: list[str] | None = None) -> None:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    if settings.tokenizer:
+        cache = Path(os.environ.get("PREFIX_ROUTER_CACHE", Path.home() / ".cache/prefix-router"))
+        try:
+            local = fetch_tokenizer(settings.tokenizer, cache / "tokenizers")
+        except OSError as exc:
+            print(f"prefix-router: cannot fetch the tokenizer {settings.tokenizer}: {exc}",
+                  file=sys.stderr)
+            sys.exit(2)
+        settings = settings.model_copy(update={"tokenizer": str(local)})
     if settings.discovery.mode == "static" and not settings.discovery.backends:
         logging.getLogger("prefix_router").warning("no backends configured: every request gets 503")
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        log = logging.getLogger("prefix_router")
+
+        def on_signal(name: str) -> None:
+            # The first signal drains (app.serve); more signals do not cut the drain short:
+            # a second SIGTERM must not turn a graceful stop into cut streams.
+            if stop.is_set():
+                log.info("%s again: already draining", name)
+            stop.set()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal, sig.name)
+        await serve(settings, stop)
+
+    # Large requests are parsed and hashed in a worker thread (offload.py): the event loop gets
+    # the GIL back every switch interval, 1 ms instead of the default 5, so probes and streams
+    # wait less behind them.
+    sys.setswitchinterval(0.001)
     try:
         import uvloop
 
-        uvloop.install()
+        runner = uvloop.run
     except ImportError:
-        pass
-
-    async def run() -> None:
-        task = asyncio.current_task()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            assert task is not None
-            loop.add_signal_handler(sig, task.cancel)
-        await serve(settings)
-
-    with contextlib.suppress(asyncio.CancelledError, KeyboardInterrupt):
-        asyncio.run(run())
+        runner = asyncio.run
+    with contextlib.suppress(KeyboardInterrupt):
+        runner(run())
 
 
 if __name__ == "__main__":

@@ -12,6 +12,10 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+# What one (block, backend) entry of the index costs in a running router: a dict entry and an
+# ordered-dict node (bench/results/overhead: 1,000,000 entries took 188 MB).
+INDEX_ENTRY_BYTES = 200
+
 PolicyName = Literal["prefix", "round-robin", "random", "least-loaded", "chwbl"]
 POLICIES: tuple[str, ...] = ("prefix", "round-robin", "random", "least-loaded", "chwbl")
 
@@ -74,6 +78,18 @@ class StoreSettings(_Strict):
     # is sent on its own: other routers see this router's records at most this late.
     write_delay_ms: float = Field(default=100.0, ge=0)
     max_entries_per_model: int = Field(default=2_000_000, ge=1000)
+    # This router's name in the store (its load, heartbeat and figures); default: the host
+    # name and a random suffix, so a restarted pod never inherits its predecessor's lease.
+    router_id: str | None = None
+    # The periods of the store's jobs (redis/): how soon this router's load reaches the
+    # others (a request's prefill is ~100 ms, so a few ms), the heartbeat that renews its
+    # lease of `load_lease_s` and reads the others' load and the shared capacity model, the
+    # figures for the autoscaler, and reconnection tries while Redis is away.
+    flush_period_ms: float = Field(default=5.0, gt=0)
+    heartbeat_period_s: float = Field(default=0.5, gt=0)
+    load_lease_s: float = Field(default=3.0, gt=0)
+    figures_period_s: float = Field(default=1.0, gt=0)
+    reconnect_period_s: float = Field(default=0.5, gt=0)
 
     @model_validator(mode="after")
     def _redis_needs_url(self) -> StoreSettings:
@@ -82,7 +98,28 @@ class StoreSettings(_Strict):
         return self
 
 
+class EventSettings(_Strict):
+    """Where the engines publish their KV events (index: events; docs/kv-events.md)."""
+
+    # On every engine's address (pods): vLLM's --kv-events-config endpoint and
+    # replay_endpoint ports; replay_port null: no replay socket.
+    port: int = Field(default=5557, ge=1, le=65535)
+    replay_port: int | None = Field(default=5558, ge=1, le=65535)
+    topic: str = ""
+    # Per engine base URL, "tcp://host:port[,tcp://host:replay_port]", where the rule above
+    # does not fit (several engines on one host).
+    endpoints: dict[str, str] = Field(default_factory=dict)
+    replay_timeout_s: float = Field(default=2.0, gt=0)
+    # A routing decision's own entry stands until the engine's events confirm it, or this
+    # long: an engine that never reports a block (its tokens differ from the router's) is
+    # not believed to hold it for longer.
+    speculative_s: float = Field(default=10.0, gt=0)
+
+
 class HealthSettings(_Strict):
+    # The engines' health endpoint (vLLM and SGLang: /health; llama.cpp's server: /health,
+    # llama-cpp-python's: /v1/models); 200 means ready.
+    path: str = Field(default="/health", pattern=r"^/")
     probe_interval_s: float = Field(default=2.0, gt=0)
     probe_timeout_s: float = Field(default=1.0, gt=0)
     # consecutive failures (probe or request) before a backend is ejected
@@ -93,6 +130,9 @@ class HealthSettings(_Strict):
 
 
 class RouterSettings(_Strict):
+    """Every setting of the router. The reasons behind the measured defaults, with the runs
+    that measured them, are in bench/results/router-settings/README.md."""
+
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     # Served model names; empty means "whatever the backends serve" (learned from /v1/models).
@@ -100,85 +140,103 @@ class RouterSettings(_Strict):
     policy: PolicyName = "prefix"
     # Hash block size in tokens; equal to the engine's KV block size so block boundaries agree.
     block_size: int = Field(default=16, ge=1, le=4096)
-    # Estimated bytes of canonical prompt per token (the estimate the capacity model runs on).
+    # Estimated bytes of canonical prompt per token, where no tokenizer is given: the first
+    # estimate, then learned from the token counts the engines report (sizing.py).
     bytes_per_token: float = Field(default=4.0, gt=0)
-    # Bounded load: no backend above ceil((1 + load_bound) * mean in-flight), or above
-    # mean + load_slack where that is higher (load_slack below says why). 0.5 measured
-    # better than 0.25 on system-prompts (engine hit rate 0.82-0.83 vs 0.81, same TTFT p50 and
-    # p99, imbalance 1.11; ad-hoc `bench run`s, not committed): at 0.25 brief bursts on a hot
-    # prefix's owners made new copies of it, each one 2,000 tokens of prefill and of KV space
-    # taken from colder prefixes. Re-run after the pending-load fix (bench/results/long-point,
-    # tag retune, 3 rounds, 2026-12-05): 0.25, 0.5 and 1.0 within the rounds' spread (hit
-    # 0.830/0.830/0.831, p50 45.3/45.2/46.1 ms), so 0.5 stays.
+    # The model's tokenizer files (a directory with tokenizer.json and tokenizer_config.json,
+    # the Hugging Face layout): prefixes are then keyed by the engine's own token ids, in
+    # blocks of block_size tokens, so a block boundary is the engine's (tokens.py).
+    tokenizer: str | None = None
+    # Bounded load: no backend above ceil((1 + load_bound) x mean in flight), or above
+    # mean + load_slack where that is higher. Below 0.5, brief bursts on a hot prefix's owners
+    # made new copies of it, each a full prefill and KV space taken from colder prefixes.
     load_bound: float = Field(default=0.5, ge=0, le=10)
-    # An absolute floor under the bound: a backend may always hold mean + load_slack in flight.
-    # 6 with load_cost_tokens 64 measured against 0 and 256 (bench/results/slack/): at low load
-    # the relative bound alone is a handful of requests, and each copy of a hot prefix cost
-    # more prefill and KV space than the few extra decoding sequences it spared its owner.
-    # 12 gained little more hit rate but pushed system-prompts imbalance to 1.29-1.43.
+    # An absolute floor under the bound: at low load the relative bound alone is a handful of
+    # requests, and each copy of a hot prefix costs more than the few decoding sequences it
+    # spares its owner.
     load_slack: float = Field(default=6.0, ge=0)
     # chwbl's own bound: KubeAI's default load factor of 1.25, so the baseline is KubeAI's.
     chwbl_load_bound: float = Field(default=0.25, ge=0, le=10)
-    # Cost, in prefill tokens, of one request already in flight on a backend. 64 measured
-    # better than 256 (bench/results/slack/): in the engines' batches an extra running
-    # sequence delays the others little, while moving a conversation re-prefills its history.
+    # The scorers' weights, all in prefill tokens (scheduling/scorers/): one request in
+    # flight costs load_cost_tokens; pending prefill tokens count at pending_weight; the
+    # blocks a placement evicts count at evict_weight x their heat; each millisecond a request
+    # would wait for the engine step in progress costs step_wait_tokens_per_ms (0 = off).
     load_cost_tokens: float = Field(default=64.0, ge=0)
-    # Weight of a backend's pending prefill tokens against the prefill tokens a match saves.
-    # Kept over 1.0 on system-prompts (bench/results/long-point/, pending-weight runs): 1.0
-    # gave TTFT p50 ~0.9 ms lower but hit rate 0.821 against 0.830 and p90 166 against 140 ms:
-    # a pending prefill delays this request once, a miss also costs a new copy of the prefix.
-    # Those runs predate 52bb234, before which a stream took its prefill off the pending load
-    # twice. Re-run after it (long-point, tag pending-fixed, 3 rounds): 1.0 gave the same p50
-    # (45.41 against 45.45 ms) with hit rate 0.817 against 0.832 and p90 187 against 156 ms.
     pending_weight: float = Field(default=0.5, ge=0)
-    # Weight of the eviction a placement causes: tokens a backend must newly cache, times how
-    # hot its coldest cached block still is relative to the other backends' (policy.py).
-    # 1.0 measured better than 0 at load_bound 0.5 (hit rate 0.823-0.829 vs 0.820; ad-hoc
-    # `bench run`s, not committed). Re-run (long-point, tag retune, 3 rounds, 2026-12-05): 0
-    # gave hit rate 0.820 against 0.830 and TTFT p90 189 against 160 ms.
     evict_weight: float = Field(default=1.0, ge=0)
-    # Cost, in prefill tokens, of each millisecond a request would wait on a backend for the
-    # engine step in progress there to end (steps.py); 0 turns the step rhythm off. 12.6 would
-    # be a millisecond of prefill on the Llama-3.1-70B / 4 x H100 profile (79 us a token); 30
-    # weighs the wait above that because what it is weighed against among the holders of a
-    # prefix is mostly the load term, a balance cost rather than time. Measured
-    # (bench/results/long-point/, system-prompts, 24 req/s, 60 s, 3 rounds): 0 gave TTFT p50
-    # 45.8 ms, 12.6 45.0; with replicate_rate 1, 30 gave 44.2 (twice) and 60 44.3.
     step_wait_tokens_per_ms: float = Field(default=30.0, ge=0)
-    # Demand-driven copies: a shared prefix gets one more owner for every this many requests
-    # a second it gets (0 = off: copies only when the owners reach the load bound). With a
-    # shared store the demand is what this router sends times the live routers (a Service
-    # spreads requests evenly), so the setting means the same for any number of routers.
-    # More owners give its requests a choice of load and of engine step. Measured as above:
-    # TTFT p50 44.2 ms with 1 (and a step wait of 30) against 44.7 with neither; the copies
-    # cost a little hit rate (0.829 against 0.834) and so p90 (about 155 ms against
-    # 130). 0.75 copied more for no better p50; 1.5 gave 44.6.
+    # A shared prefix gets one more owner for every this many requests a second it gets
+    # (0 = copies only when its owners reach the load bound). With a shared store the demand
+    # is what this router sees times the live routers, so it means the same for any number.
     replicate_rate: float = Field(default=1.0, ge=0)
-    # Scale-out: a replica that joins gets one request of each of the hottest prefixes at once
-    # (until they carry its fair share), instead of waiting for misses (router/warm.py).
-    # Off by default: measured (bench/results/scale-out) the bounded-load rule alone moved
-    # 40% of the traffic onto 4 new replicas within 5 s, and the hand-over raised TTFT p50 in
-    # the 30 s after the join (131 against 56 ms).
-    warm_start: bool = False
-    # Hot-prefix replication: at most this many owners recorded per block (0 = no limit).
+    # At most this many owners recorded per block (0 = no limit).
     max_owners: int = Field(default=0, ge=0)
     ttl_seconds: float = Field(default=600.0, gt=0)
     # Per model-server replica KV capacity in tokens (0 = unknown: no capacity eviction).
     kv_capacity_tokens: int = Field(default=0, ge=0)
-    max_table_entries: int = Field(default=2_000_000, ge=1000)
-    # Tenant isolation: header whose value salts the prefix hash (body field cache_salt wins).
+    # The engines report their cached prompt tokens on every answer, so an answer without the
+    # count says none were cached (vLLM with --enable-prompt-tokens-details omits it when 0).
+    # Off: a missing count is unknown (llama.cpp's server, vLLM without the flag).
+    cached_tokens_reported: bool = False
+    # What feeds the prefix index besides the router's own decisions: `corrected` learns from
+    # the cached tokens engines report what each really holds (index/learning.py); `events`
+    # adds the engines' KV events; `approx` is the decisions alone (for comparison).
+    index: Literal["approx", "corrected", "events"] = "corrected"
+    # The prefix index's memory, whatever the capacity setting and whatever clients send:
+    # past it the largest backends' oldest entries go (about 200 bytes an entry).
+    index_memory_mb: float = Field(default=192.0, ge=1)
+    # Prompts longer than this are refused (400) before they touch the index, where the
+    # engines do not say their own max_model_len (vLLM's /v1/models does).
+    max_prompt_tokens: int = Field(default=131_072, ge=1)
+    # Tenant isolation: the header a trusted gateway sets to the tenant's salt. It salts the
+    # prefix key and, with salt_header_wins, replaces any cache_salt in the body, which the
+    # engine isolates its cache by too (a client must not pick another tenant's salt).
     salt_header: str | None = "x-cache-salt"
+    salt_header_wins: bool = True
+    # Routing details for clients: x-routed-to and x-route-reason headers, engine addresses
+    # in error messages. Off: a tenant must not learn that someone else sent a prefix.
+    expose_routing: bool = False
+    # Serve /metrics on this port only (not on the API port) when set.
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    # A connection that completes no request in this long (a silent client, headers sent a
+    # byte at a time, an idle keep-alive) is closed; a body must arrive within body_timeout_s.
+    keepalive_timeout_s: float = Field(default=15.0, gt=0)
+    body_timeout_s: float = Field(default=60.0, gt=0)
     model_key: str = "default"
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     connect_timeout_s: float = Field(default=2.0, gt=0)
-    # Time to wait for an upstream's first byte (prefill can be long under load).
+    # Longest an engine may stay silent on a request it took (prefill can be long under load).
     upstream_timeout_s: float = Field(default=300.0, gt=0)
+    # A stream whose first token takes longer than this counts against its engine (the
+    # request still waits up to upstream_timeout_s): a hung engine that answers its health
+    # probes leaves the rotation after a few, instead of holding every request for minutes.
+    first_token_budget_s: float = Field(default=60.0, gt=0)
+    # The upstream client: aiohttp's ClientSession, or the hand-written httptools one (the
+    # A/B between them is in bench/results/overhead/).
+    upstream_client: Literal["aiohttp", "httptools"] = "aiohttp"
     max_attempts: int = Field(default=3, ge=1, le=10)
+    # Shutdown: after SIGTERM the router reports not ready and keeps serving for
+    # drain_grace_s (until its Service stops sending: in a pod, a preStop pause does this
+    # too), then closes its listener and gives the requests in flight up to
+    # shutdown_timeout_s (long streams) before it cuts them.
+    drain_grace_s: float = Field(default=0.0, ge=0)
+    shutdown_timeout_s: float = Field(default=120.0, ge=0)
     log_level: str = "info"
     log_decisions: bool = False
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
+    events: EventSettings = Field(default_factory=EventSettings)
+
+    @model_validator(mode="after")
+    def _events_need_tokens(self) -> RouterSettings:
+        if self.index == "events" and not self.tokenizer:
+            raise ValueError("index=events needs tokenizer: the engines' events name token ids")
+        return self
+
+    @property
+    def max_table_entries(self) -> int:
+        return max(1000, int(self.index_memory_mb * 2**20 / INDEX_ENTRY_BYTES))
 
     @property
     def block_bytes(self) -> int:

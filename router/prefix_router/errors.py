@@ -1,18 +1,26 @@
-"""OpenAI-style error bodies; every client-visible failure of the router goes through here."""
+"""OpenAI-style error bodies; every client-visible failure of the router goes through here,
+and the log lines about clients' mistakes (without their bytes)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from http import HTTPStatus
+import logging
+from collections.abc import Awaitable, Callable
 
-from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
-from aiohttp.web_request import BaseRequest
+import aiohttp
+from aiohttp import ClientPayloadError, web
+from aiohttp.http_exceptions import HttpProcessingError
 
+log = logging.getLogger("prefix_router")
+
+# OpenAI's error types; any other 4xx is the client's request, any other 5xx the server's.
 _TYPES = {
     400: "invalid_request_error",
     404: "not_found_error",
+    405: "invalid_request_error",
     413: "invalid_request_error",
+    417: "invalid_request_error",
     429: "rate_limit_error",
     502: "upstream_error",
     503: "service_unavailable",
@@ -50,7 +58,9 @@ def error_body(
         {
             "error": {
                 "message": message,
-                "type": _TYPES.get(status, "server_error"),
+                "type": _TYPES.get(
+                    status, "invalid_request_error" if status < 500 else "server_error"
+                ),
                 "param": param,
                 "code": code,
             }
@@ -71,35 +81,79 @@ def error_response(err: RequestError) -> web.Response:
     return resp
 
 
-class _JsonErrorHandler(RequestHandler):
-    """aiohttp answers a request it cannot parse (a header line over 8 KiB, more headers than it
-    allows, a garbled request line) itself, before any handler or middleware runs, in text/plain.
-    aiohttp has no hook for that body; this keeps its logging and its close, and says the same
-    thing in OpenAI's error JSON, which every client of this API parses."""
-
-    __slots__ = ()  # the same layout as RequestHandler, so a handler's class can be swapped
-
-    def handle_error(
-        self,
-        request: BaseRequest,
-        status: int = 500,
-        exc: BaseException | None = None,
-        message: str | None = None,
-    ) -> web.StreamResponse:
-        super().handle_error(request, status, exc, message)  # logs; raises if bytes went out
-        try:
-            phrase = HTTPStatus(status).phrase
-        except ValueError:
-            phrase = "bad request"
-        # a 500's own message may be a traceback: the client gets only the phrase
-        text = phrase if status >= 500 or not message else message
-        return error_response(RequestError(status, text, close=True))
+def _json_error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        status=status, body=error_body(status, message), content_type="application/json",
+        headers=headers,
+    )
 
 
-class JsonErrorServer(web.Server):
-    """The low-level server whose connections answer unparseable requests with error JSON."""
+@web.middleware
+async def errors_as_json(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except RequestError as err:
+        return error_response(err)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        message = exc.reason or "error"
+        if exc.status == 404:
+            message = f"no route for {request.method} {request.path}"
+        elif exc.status == 405:
+            allowed = exc.headers.get("Allow", "")
+            message = f"{request.method} is not allowed on {request.path} (allowed: {allowed})"
+        allow = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
+        return _json_error(exc.status, message, allow)
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        return _json_error(500, "internal router error")
 
-    def __call__(self) -> RequestHandler:
-        handler = super().__call__()
-        handler.__class__ = _JsonErrorHandler
-        return handler
+
+async def expect_continue(request: web.Request) -> web.StreamResponse | None:
+    """`Expect: 100-continue` is answered so the client sends its body; any other
+    expectation gets a 417 in OpenAI's error JSON (aiohttp's own answer is text/plain)."""
+    expect = request.headers.get("Expect", "")
+    if expect.lower() == "100-continue":
+        limit = request.client_max_size
+        if request.content_length is not None and request.content_length > limit:
+            # refused before the client uploads it
+            return error_response(RequestError(
+                413, f"the request body ({request.content_length} bytes) is over the limit "
+                f"of {limit} bytes", close=True))
+        if request.version >= aiohttp.HttpVersion11:
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        return None
+    return _json_error(417, f"unknown expectation: {expect[:100]!r}")
+
+
+async def server_header(request: web.Request, response: web.StreamResponse) -> None:
+    """Clients are not told which server software, or which version, answers them."""
+    response.headers["Server"] = "prefix-router"
+
+
+class _ClientMistakes(logging.Filter):
+    """aiohttp logs a request it cannot parse (a garbled line, a broken chunked or gzip
+    body) with its traceback, whose text can hold the client's bytes: the prompt. A client's
+    mistake is an INFO line naming its kind, without them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        cause = exc
+        while cause is not None and not isinstance(cause, _MISTAKES):
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:
+            record.msg = "refused a malformed request: %s"
+            record.args = (type(cause).__name__,)
+            record.exc_info = None
+            record.exc_text = None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+_MISTAKES = (HttpProcessingError, web.RequestPayloadError, ClientPayloadError)
+CLIENT_MISTAKES = _ClientMistakes()

@@ -10,15 +10,17 @@ import aiohttp
 
 from .backends import BackendSet
 from .config import HealthSettings
+from .index import PrefixIndex
 from .load import LoadTracker
 from .metrics import RouterMetrics
-from .store import TableStore
 
 log = logging.getLogger("prefix_router.health")
 
-# vLLM's gauges (SGLang's are read too, under its own names).
-_RUNNING = (b"vllm:num_requests_running", b"sglang:num_running_reqs")
-_WAITING = (b"vllm:num_requests_waiting", b"sglang:num_queue_reqs")
+# vLLM's gauges (SGLang's and llama.cpp's server's are read too, under their own names).
+_RUNNING = (b"vllm:num_requests_running", b"sglang:num_running_reqs",
+            b"llamacpp:requests_processing")  # fmt: skip
+_WAITING = (b"vllm:num_requests_waiting", b"sglang:num_queue_reqs",
+            b"llamacpp:requests_deferred")  # fmt: skip
 
 
 def engine_queue_depth(text: bytes) -> float | None:
@@ -49,7 +51,7 @@ class HealthLoop:
         settings: HealthSettings,
         backends: BackendSet,
         load: LoadTracker,
-        store: TableStore,
+        store: PrefixIndex,
         metrics: RouterMetrics,
         session: aiohttp.ClientSession,
     ) -> None:
@@ -60,6 +62,7 @@ class HealthLoop:
         self._metrics = metrics
         self._session = session
         self._tasks: list[asyncio.Task[None]] = []
+        self._blind: set[str] = set()  # backends whose /metrics give no load: said once
 
     def start(self) -> None:
         self._tasks = [
@@ -83,7 +86,7 @@ class HealthLoop:
     async def _probe(self, url: str) -> None:
         timeout = aiohttp.ClientTimeout(total=self._s.probe_timeout_s)
         try:
-            async with self._session.get(url + "/health", timeout=timeout) as r:
+            async with self._session.get(url + self._s.path, timeout=timeout) as r:
                 await r.read()
                 ok = r.status == 200
                 why = f"status {r.status}"
@@ -102,8 +105,11 @@ class HealthLoop:
                 data = await r.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
             return
-        ids = [m.get("id") for m in data.get("data", []) if isinstance(m, dict)]
-        self._backends.set_models(url, [i for i in ids if isinstance(i, str)])
+        cards = [m for m in data.get("data", []) if isinstance(m, dict)]
+        ids = [m.get("id") for m in cards]
+        lens = [m["max_model_len"] for m in cards if isinstance(m.get("max_model_len"), int)]
+        self._backends.set_models(url, [i for i in ids if isinstance(i, str)],
+                                  min(lens) if lens else None)  # fmt: skip
 
     async def _probe_loop(self) -> None:
         while True:
@@ -112,16 +118,26 @@ class HealthLoop:
 
     async def _scrape(self, url: str) -> None:
         timeout = aiohttp.ClientTimeout(total=self._s.probe_timeout_s)
+        depth = None
+        why = ""
         try:
             async with self._session.get(url + "/metrics", timeout=timeout) as r:
-                if r.status != 200:
-                    return
-                text = await r.read()
-        except (aiohttp.ClientError, TimeoutError, OSError):
-            return
-        depth = engine_queue_depth(text)
+                if r.status == 200:
+                    depth = engine_queue_depth(await r.read())
+                    why = "no running/waiting gauges there"
+                else:
+                    why = f"status {r.status}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            why = repr(exc)
         if depth is not None:
             self._load.engine_report(url, depth)
+            self._blind.discard(url)
+        elif url not in self._blind:
+            # not an error (llama.cpp serves /metrics only with --metrics), but the load
+            # the router sees there is only its own
+            self._blind.add(url)
+            log.warning("no load signal from %s/metrics (%s): counting only requests "
+                        "routed through this router", url, why)
 
     async def _scrape_loop(self) -> None:
         while True:

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from .contract import WORKING_SET_METRIC
+
+if TYPE_CHECKING:
+    from .store import StoreStats
 
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _TOKENS = (0, 16, 64, 256, 1024, 4096, 16384)
@@ -17,7 +23,7 @@ class _WorkingSet(Collector):
     store, not counted yet, or Redis away): an autoscaler must hold on a missing value, never
     scale on a made-up or outdated one. A plain Gauge always has a sample."""
 
-    NAME = "prefix_router_working_set_tokens"
+    NAME = WORKING_SET_METRIC
 
     def __init__(self) -> None:
         self.tokens: float | None = None
@@ -27,7 +33,7 @@ class _WorkingSet(Collector):
             self.NAME,
             "Tokens of the distinct prefix blocks the model's routers were asked for within the "
             "working-set window (a HyperLogLog union in the shared store x block size): the "
-            "figure the metrics adapter serves as prefixrouter_working_set_tokens. The same "
+            "figure the metrics adapter serves under the same name. The same "
             "on every router of a model; absent while unknown.",
         )
         if self.tokens is not None:
@@ -79,6 +85,13 @@ class RouterMetrics:
             buckets=_TOKENS,
             registry=r,
         )
+        self.corrections = Counter(
+            "prefix_router_index_corrections",
+            "Answers whose reported cached tokens differed from the index's prediction by a "
+            "block or more: over (the engine held less) or under (it held more)",
+            ["direction"],
+            registry=r,
+        )
         self.hit_ratio = Gauge(
             "prefix_router_estimated_hit_ratio",
             "Predicted cached tokens / prompt tokens since start",
@@ -96,8 +109,11 @@ class RouterMetrics:
             buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01),
             registry=r,
         )
-        self.inflight = Gauge(
-            "prefix_router_inflight", "In-flight requests", ["backend"], registry=r
+        self.in_flight = Gauge(
+            "prefix_router_backend_in_flight",
+            "Requests this router has in flight on a backend",
+            ["backend"],
+            registry=r,
         )
         self.healthy = Gauge(
             "prefix_router_backend_healthy", "1 if taking traffic", ["backend"], registry=r
@@ -159,8 +175,11 @@ class RouterMetrics:
     def count_decision(self, policy: str, reason: str) -> None:
         self._child(self.decisions, policy, reason).inc()
 
+    def count_correction(self, direction: str) -> None:
+        self._child(self.corrections, direction).inc()
+
     def set_inflight(self, backend: str, value: float) -> None:
-        self._child(self.inflight, backend).set(value)
+        self._child(self.in_flight, backend).set(value)
 
     def set_rhythm(self, backend: str, step: float | None, lead: float | None) -> None:
         if step is not None:
@@ -168,9 +187,16 @@ class RouterMetrics:
         if lead is not None:
             self._child(self.step_lead, backend).set(lead)
 
-    def set_working_set(self, tokens: float | None) -> None:
-        """None: unknown, and the series shows no sample until a count comes."""
-        self._working_set.tokens = tokens
+    def show_store(self, entries: int, stats: StoreStats) -> None:
+        """The index's size and the store's state, as of a scrape."""
+        self.table_entries.set(entries)
+        self.store_degraded.set(1 if stats.degraded else 0)
+        self.store_round_trips.labels("request").set(stats.round_trips)
+        self.store_round_trips.labels("timer").set(stats.timer_round_trips)
+        self.store_slow_lookups.set(stats.slow_lookups)
+        self.store_budget.set(stats.budget_s)
+        # None: unknown, and the series shows no sample until a count comes
+        self._working_set.tokens = stats.working_set_tokens
 
     def observe_prediction(self, prompt_tokens: float, predicted: float) -> None:
         self.prompt_tokens.inc(prompt_tokens)

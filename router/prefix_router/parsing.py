@@ -14,9 +14,15 @@ from array import array
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import msgspec
+
 from .errors import RequestError
 
 Kind = Literal["completions", "chat"]
+
+# Strict JSON (no NaN), about twice as fast as the standard library's on a large body: the
+# parse is most of the router's work on a long prompt.
+_JSON = msgspec.json.Decoder()
 
 # Record separators that cannot occur in UTF-8 text (0xff/0xfe are never valid UTF-8 bytes),
 # so a crafted message cannot forge a record boundary.
@@ -104,15 +110,22 @@ def canonical_prompt(prompt: Any) -> bytes:
     )
 
 
-def parse_request(raw: bytes, kind: Kind, salt_from_header: str | None = None) -> ParsedRequest:
+def parse_request(
+    raw: bytes, kind: Kind, salt_from_header: str | None = None, header_wins: bool = True
+) -> ParsedRequest:
+    """`salt_from_header`: the tenant's salt as a trusted gateway set it; with `header_wins`
+    it replaces any `cache_salt` in the body (a client must not pick another tenant's)."""
     try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        body = _JSON.decode(raw)
+    except msgspec.ValidationError as exc:  # a number out of range, say
+        raise RequestError(400, f"the request body holds a value JSON cannot carry: {exc}"
+                           ) from None  # fmt: skip
+    except msgspec.DecodeError as exc:
         raise RequestError(400, f"the request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise RequestError(400, "the request body is nested too deeply") from None
     try:
-        return _parse_body(body, kind, salt_from_header)
+        return _parse_body(body, kind, salt_from_header, header_wins)
     except UnicodeEncodeError as exc:
         # JSON may escape a lone UTF-16 surrogate ("\ud800"); that is no Unicode text, and
         # no tokenizer takes it.
@@ -122,7 +135,9 @@ def parse_request(raw: bytes, kind: Kind, salt_from_header: str | None = None) -
         ) from None
 
 
-def _parse_body(body: Any, kind: Kind, salt_from_header: str | None) -> ParsedRequest:
+def _parse_body(
+    body: Any, kind: Kind, salt_from_header: str | None, header_wins: bool
+) -> ParsedRequest:
     if not isinstance(body, dict):
         raise RequestError(400, "the request body must be a JSON object")
     model = body.get("model")
@@ -148,7 +163,7 @@ def _parse_body(body: Any, kind: Kind, salt_from_header: str | None) -> ParsedRe
     salt = body.get("cache_salt")
     if salt is not None and not isinstance(salt, str):
         raise RequestError(400, "'cache_salt' must be a string", param="cache_salt")
-    if salt is None:
+    if salt_from_header is not None and (salt is None or header_wins):
         salt = salt_from_header
     if salt is not None:
         salt.encode()  # the key's seed is made of it: refuse what cannot be encoded, here

@@ -1,51 +1,36 @@
-"""The upstream client of the forwarding hot path: keep-alive HTTP/1.1 to the engines.
+"""The upstream client: keep-alive HTTP/1.1 POSTs to the engines, on aiohttp's ClientSession.
 
-Why hand-written instead of aiohttp's ClientSession (which the health probes and every other
-call still use): CPU per request, measured by `python -m bench.upstream_cpu` (uvloop, one
-`engine-sim --profile zero`, 20,000 small non-streaming POST /v1/completions at concurrency 16,
-2-core host, 2026-12-03): as the client alone, aiohttp 111.9 us and this 48.5 us (57% less);
-the whole router process, server side included, 335-385 us with aiohttp forwarding and 197 us
-with this one (-41%). aiohttp's client builds a yarl URL, a ClientResponse with its multidict,
-a timer per read and a StreamReader per request; forwarding needs none of it.
-`bench overhead` (500 req/s, 20 s), old and new alternating: max req/s 2,052 and 1,981 with
-aiohttp, 2,733 and 2,493 with this (+30%); added p50 1.54/1.09 ms vs 0.93/1.22 ms and p99
-7.88/5.68 vs 4.98/5.52 ms: latency within this host's run-to-run noise, throughput clearly up.
-
-What it does, and no more: POST with a body, an answer with Content-Length, chunked or (rarely)
-ended by the connection's close; per backend a pool of idle connections (LIFO, so the warm ones
-are reused and the rest age out; at most `max_idle` kept; closed after `idle_timeout_s`),
-TCP_NODELAY on every socket, a connect timeout and a read timeout (no byte for that long).
-Responses are parsed by httptools (the llhttp parser Node.js uses, also what uvicorn and
-aiohttp's own C parser are built on).
-
-A request sent on a pooled connection that fails before ANY byte of the answer came back is sent
-once more, on a fresh connection: the engine may have closed the idle connection as we sent (a
-keep-alive timeout racing our write). That is only safe because no byte came back: the request
-was not answered, and an engine that did start on it and then lost the connection aborts it.
-After the first byte nothing is ever sent again; that is for the caller (proxy.py) to decide.
-
-Errors: `UpstreamConnectError` (could not connect, or the connection closed before any byte of
-the answer), `UpstreamError` (the answer was cut or malformed), `UpstreamTimeout` (a
-`TimeoutError`: the connect or read timeout; `UpstreamConnectTimeout` for the connect one).
+What the proxy needs of it, and no more: `post()` returns once the answer's status and headers
+are in; the body then comes whole (`read()`) or as it arrives (`chunks()`); `close()` on an
+answer still arriving closes its connection, which makes the engine abort the request.
+Failures are sorted by what the proxy may do next:
+  UpstreamConnectError    the request never reached the engine, or the connection closed
+                          before any byte of an answer: another engine may serve it
+  UpstreamConnectTimeout  no connection within the connect timeout (the same)
+  UpstreamTimeout         sent, and no byte for the read timeout: the engine may still be
+                          working on it, so it is not sent again
+  UpstreamError           the answer was cut short or malformed
+Retry policy for these non-idempotent POSTs: aiohttp resends nothing by itself (its retry of
+a request on a reused connection covers idempotent methods only); the proxy sends a request
+to the next engine only when the engine cannot have answered it (the cases above that say
+so), since an engine that loses a request's connection aborts it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import socket
-import ssl
-from collections.abc import Callable, Mapping
-from typing import Any
-from urllib.parse import urlsplit
+import weakref
+from collections.abc import AsyncIterator, Mapping
+from typing import Protocol
 
-import httptools
+import aiohttp
+from aiohappyeyeballs import AddrInfoType
 
-IDLE_TIMEOUT_S = 60.0
-MAX_IDLE = 256  # idle connections kept per backend
-# Body bytes waiting for a slow consumer above which the engine's socket is no longer read
-# (TCP then slows the engine down); reading resumes when the consumer took them.
-HIGH_WATER = 256 * 1024
-_SWEEP_S = 10.0
+# Idle keep-alive connections to an engine close after this long.
+KEEPALIVE_S = 60.0
+# An engine's response header line longer than this is refused as malformed (aiohttp's own
+# default is 8 KiB, and the router passes on only a few short headers).
+MAX_HEADER_BYTES = 8190
 
 
 class UpstreamError(Exception):
@@ -57,498 +42,124 @@ class UpstreamConnectError(UpstreamError):
 
 
 class UpstreamTimeout(TimeoutError):
-    """No connection within the connect timeout, or no byte within the read timeout."""
+    """No byte from the engine within the read timeout."""
 
 
 class UpstreamConnectTimeout(UpstreamTimeout):
-    """No connection within the connect timeout: the request never reached the engine, so
-    another one may serve it."""
+    """No connection within the connect timeout: the request never reached the engine."""
 
 
-class Headers(dict[str, str]):
-    """Response headers by lower-cased name; a repeated header's values joined with ", "."""
+class UpstreamResponse(Protocol):
+    status: int
 
-    __slots__ = ()
-
-    def __getitem__(self, name: str) -> str:
-        return dict.__getitem__(self, name.lower())
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and dict.__contains__(self, name.lower())
-
-    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
-        return dict.get(self, name.lower(), default)
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+    async def read(self) -> bytes: ...
+    def chunks(self) -> AsyncIterator[bytes]: ...
+    def close(self) -> None: ...
 
 
-class UpstreamResponse:
-    """One answer: `status` and `headers` once it is returned, then the body by `read()` or by
-    `readany()`. A response whose body fully arrived has already given its connection back to
-    the pool; `close()` (or leaving `async with`) on one still arriving closes the connection,
-    which makes the engine abort the request."""
+class Upstream(Protocol):
+    async def post(
+        self, base_url: str, path: str, body: bytes, headers: Mapping[str, str]
+    ) -> UpstreamResponse: ...
+    def forget(self, base_url: str) -> None: ...
+    async def close(self) -> None: ...
 
-    __slots__ = (
-        "_chunks",
-        "_conn",
-        "_done",
-        "_error",
-        "_loop",
-        "_sink",
-        "_size",
-        "_waiter",
-        "headers",
-        "status",
-    )
 
-    def __init__(self, conn: _Connection) -> None:
-        self.status = 0
-        self.headers = Headers()
-        self._loop = conn.loop
-        self._conn: _Connection | None = conn  # None once complete, failed or closed
-        self._chunks: list[bytes] = []
-        self._size = 0
-        self._done = False
-        self._error: BaseException | None = None
-        self._waiter: asyncio.Future[None] | None = None
-        self._sink: Callable[[bytes], bool] | None = None
+class _Answer:
+    """An aiohttp ClientResponse seen through the errors above."""
+
+    __slots__ = ("_resp", "status")
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self._resp = resp
+        self.status = resp.status
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self._resp.headers
 
     async def read(self) -> bytes:
-        """The whole body."""
-        while not self._done:
-            if self._error is not None:
-                raise self._error
-            conn = self._conn
-            if conn is not None and conn.paused:
-                conn.resume()
-            await self._wait()
-        body = b"".join(self._chunks)
-        self._chunks = []
-        self._size = 0
-        return body
+        try:
+            return await self._resp.read()
+        except TimeoutError as exc:
+            raise UpstreamTimeout(str(exc) or "no byte within the read timeout") from None
+        except aiohttp.ClientError as exc:
+            raise UpstreamError(f"{type(exc).__name__}: {exc}") from None
 
-    async def readany(self) -> bytes:
-        """The body bytes that arrived since the last call (waiting for some); b"" at the end."""
-        while not self._chunks:
-            if self._error is not None:
-                raise self._error
-            if self._done:
-                return b""
-            await self._wait()
-        chunks = self._chunks
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        self._chunks = []
-        self._size = 0
-        conn = self._conn
-        if conn is not None and conn.paused:
-            conn.resume()
-        return data
-
-    def relay(self, sink: Callable[[bytes], bool]) -> None:
-        """From now on hand each body chunk to `sink` in the connection's own callback, first
-        what is buffered. No task wakes up per chunk: a long stream costs the router a few
-        microseconds a chunk instead of a task switch and a write through aiohttp. `sink`
-        returns False to be heard: reading from the engine pauses and `relayed()` returns
-        (to wait for the client, say); `resume()` goes on."""
-        self._sink = sink
-        if self._chunks:
-            data = b"".join(self._chunks)
-            self._chunks = []
-            self._size = 0
-            if not sink(data):
-                self._hold()
-
-    async def relayed(self) -> bool:
-        """Wait until the body ended (True) or the sink asked to be heard (False); raises what
-        cut the answer."""
+    async def chunks(self) -> AsyncIterator[bytes]:
+        it = self._resp.content.iter_any().__aiter__()
         while True:
-            if self._error is not None:
-                raise self._error
-            if self._done:
-                return True
-            conn = self._conn
-            if conn is not None and conn.paused:
-                return False
-            await self._wait()
-
-    def resume(self) -> None:
-        conn = self._conn
-        if conn is not None and conn.paused:
-            conn.resume()
-
-    def _hold(self) -> None:
-        conn = self._conn
-        if conn is not None and not conn.paused:
-            conn.pause()
-        self._wake()
-
-    def close(self) -> None:
-        conn = self._conn
-        if conn is not None:
-            self._conn = None
-            conn.abandon()
-        if not self._done and self._error is None:
-            self._error = UpstreamError("the response was closed before its end")
-
-    release = close
-
-    async def __aenter__(self) -> UpstreamResponse:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.close()
-
-    # -- fed by the connection
-
-    async def _wait(self) -> None:
-        waiter = self._waiter = self._loop.create_future()
-        try:
-            await waiter
-        finally:
-            self._waiter = None
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def _feed(self, data: bytes) -> None:
-        sink = self._sink
-        if sink is not None:
-            if not sink(data):
-                self._hold()
-            return
-        self._chunks.append(data)
-        self._size += len(data)
-        conn = self._conn
-        if self._size > HIGH_WATER and conn is not None and not conn.paused:
-            conn.pause()
-        self._wake()
-
-    def _end(self) -> None:
-        self._done = True
-        self._conn = None
-        self._wake()
-
-    def _fail(self, exc: BaseException) -> None:
-        self._error = exc
-        self._conn = None
-        self._wake()
-
-
-class _Connection(asyncio.Protocol):
-    """One TCP connection; at most one response in flight on it."""
-
-    def __init__(self, pool: _Pool) -> None:
-        self.pool = pool
-        self.loop = pool.loop
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
-        self.resp: UpstreamResponse | None = None
-        self.got_bytes = False  # of the answer in flight
-        self.informational = False  # inside a 1xx answer (skipped)
-        self.paused = False
-        self.closed = False
-        self.idle_since = 0.0
-        self.last_data = 0.0
-        self.timer: asyncio.TimerHandle | None = None
-
-    async def request(self, data: bytes) -> UpstreamResponse:
-        """Send `data` (request line, headers and body) and wait for the answer's headers."""
-        transport = self.transport
-        if transport is None or self.closed or transport.is_closing():
-            raise UpstreamConnectError(f"the connection to {self.pool.name} was closed")
-        resp = self.resp = UpstreamResponse(self)
-        self.got_bytes = False
-        self.last_data = self.loop.time()
-        self.timer = self.loop.call_at(self.last_data + self.pool.read_timeout, self._check)
-        transport.write(data)
-        try:
-            while not resp.status:
-                if resp._error is not None:
-                    raise resp._error
-                await resp._wait()
-        except BaseException:
-            resp.close()  # cancelled: the engine must learn it through the closed connection
-            raise
-        return resp
-
-    def pause(self) -> None:
-        if self.transport is not None and not self.closed:
-            self.paused = True
-            self.transport.pause_reading()
-
-    def resume(self) -> None:
-        if self.paused and self.transport is not None and not self.closed:
-            self.paused = False
-            self.last_data = self.loop.time()  # waiting on us was not the engine's silence
-            self.transport.resume_reading()
-
-    def abandon(self) -> None:
-        self.resp = None
-        self.close()
-
-    def _stop_timer(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-
-    def close(self) -> None:
-        self._stop_timer()
-        if not self.closed:
-            self.closed = True
-            if self.transport is not None:
-                self.transport.close()
-
-    def _check(self) -> None:
-        """The read timer: fails the answer in flight after `read_timeout` without a byte."""
-        self.timer = None
-        if self.resp is None:
-            return
-        now = self.loop.time()
-        limit = self.pool.read_timeout
-        due = now + limit if self.paused else self.last_data + limit
-        if due > now:
-            self.timer = self.loop.call_at(due, self._check)
-            return
-        self._fail(UpstreamTimeout(f"{self.pool.name} sent nothing for {limit:g}s"))
-
-    def _fail(self, exc: BaseException) -> None:
-        resp = self.resp
-        self.resp = None
-        self.close()
-        if resp is not None:
-            resp._fail(exc)
-
-    # -- asyncio.Protocol
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  (uvloop's are no subclass)
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
             try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except (OSError, AttributeError):
-                pass
-
-    def data_received(self, data: bytes) -> None:
-        if self.resp is None:
-            # bytes nobody asked for (on an idle connection): it cannot be trusted any more
-            self.close()
-            return
-        self.got_bytes = True
-        self.last_data = self.loop.time()
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._fail(UpstreamError(f"malformed answer from {self.pool.name}: {exc}"))
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self._stop_timer()
-        self.pool.lost(self)
-        resp = self.resp
-        if resp is None:
-            return
-        self.resp = None
-        h = resp.headers
-        if resp.status and "content-length" not in h and "transfer-encoding" not in h:
-            resp._end()  # an answer delimited by the end of the connection
-        elif not self.got_bytes:
-            why = f": {exc}" if exc else ""
-            msg = f"{self.pool.name} closed the connection before answering{why}"
-            resp._fail(UpstreamConnectError(msg))
-        else:
-            resp._fail(UpstreamError(f"{self.pool.name} closed the connection mid-answer"))
-
-    # -- httptools callbacks
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        assert self.resp is not None
-        headers = self.resp.headers
-        key = name.decode("latin-1").lower()
-        v = value.decode("latin-1")
-        old = dict.get(headers, key)
-        dict.__setitem__(headers, key, v if old is None else f"{old}, {v}")
-
-    def on_headers_complete(self) -> None:
-        resp = self.resp
-        assert resp is not None
-        status = self.parser.get_status_code()
-        if 100 <= status < 200:
-            self.informational = True
-            resp.headers.clear()
-            return
-        resp.status = status
-        resp._wake()
-
-    def on_body(self, body: bytes) -> None:
-        assert self.resp is not None
-        self.resp._feed(body)
-
-    def on_message_complete(self) -> None:
-        if self.informational:
-            self.informational = False
-            return
-        resp = self.resp
-        assert resp is not None
-        self.resp = None
-        self._stop_timer()
-        resp._end()
-        if self.parser.should_keep_alive() and not self.closed:
-            self.pool.put(self)
-        else:
-            self.close()
-
-
-class _Pool:
-    """The connections to one backend (scheme://host:port[/prefix])."""
-
-    def __init__(self, client: UpstreamClient, base_url: str) -> None:
-        u = urlsplit(base_url)
-        if u.scheme not in ("http", "https") or not u.hostname:
-            raise ValueError(f"not an http(s) URL: {base_url!r}")
-        self.name = base_url
-        self.loop = client.loop
-        self.connect_timeout = client.connect_timeout
-        self.read_timeout = client.read_timeout
-        self.idle_timeout = client.idle_timeout
-        self.max_idle = client.max_idle
-        self.host = u.hostname
-        self.port = u.port or (443 if u.scheme == "https" else 80)
-        self.ssl: ssl.SSLContext | None = (
-            ssl.create_default_context() if u.scheme == "https" else None
-        )
-        self.prefix = u.path.rstrip("/")
-        self.host_header = u.netloc.rsplit("@", 1)[-1]
-        self.idle: list[_Connection] = []  # oldest first
-        self.conns: set[_Connection] = set()
-        self.closing = False
-
-    def take(self) -> _Connection | None:
-        idle = self.idle
-        while idle:
-            conn = idle.pop()
-            if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
-                return conn
-        return None
-
-    def put(self, conn: _Connection) -> None:
-        if self.closing or len(self.idle) >= self.max_idle:
-            conn.close()
-            return
-        conn.idle_since = self.loop.time()
-        self.idle.append(conn)
-
-    def lost(self, conn: _Connection) -> None:
-        self.conns.discard(conn)  # the idle list drops it on take() or sweep()
-
-    async def connect(self) -> _Connection:
-        try:
-            async with asyncio.timeout(self.connect_timeout):
-                _, conn = await self.loop.create_connection(
-                    lambda: _Connection(self), self.host, self.port, ssl=self.ssl
-                )
-        except TimeoutError:
-            raise UpstreamConnectTimeout(
-                f"no connection to {self.name} within {self.connect_timeout:g}s"
-            ) from None
-        except OSError as exc:
-            raise UpstreamConnectError(f"cannot connect to {self.name}: {exc}") from exc
-        self.conns.add(conn)
-        return conn
-
-    def sweep(self, now: float) -> None:
-        keep = []
-        for conn in self.idle:
-            if conn.closed:
-                continue
-            if now - conn.idle_since >= self.idle_timeout:
-                conn.close()
-            else:
-                keep.append(conn)
-        self.idle = keep
-
-    def retire(self) -> None:
-        """Close the idle connections; the busy ones close when their answer is in."""
-        self.closing = True
-        for conn in self.idle:
-            conn.close()
-        self.idle.clear()
+                data = await it.__anext__()
+            except StopAsyncIteration:
+                return
+            except TimeoutError as exc:
+                raise UpstreamTimeout(str(exc) or "no byte within the read timeout") from None
+            except aiohttp.ClientError as exc:
+                raise UpstreamError(f"{type(exc).__name__}: {exc}") from None
+            yield data
 
     def close(self) -> None:
-        self.retire()
-        for conn in list(self.conns):
-            conn.close()
+        self._resp.close()
 
 
-class UpstreamClient:
-    """Keep-alive HTTP/1.1 POSTs to backends named by base URL (http://host:port)."""
+class AiohttpUpstream:
+    """One ClientSession for all engines: a keep-alive pool per host, TCP_NODELAY on every
+    socket (made here, so it does not rest on a library default), no body decompression (the
+    bytes pass through as the engine sent them)."""
 
-    def __init__(
-        self,
-        connect_timeout_s: float,
-        read_timeout_s: float,
-        *,
-        idle_timeout_s: float = IDLE_TIMEOUT_S,
-        max_idle: int = MAX_IDLE,
-    ) -> None:
-        self.connect_timeout = connect_timeout_s
-        self.read_timeout = read_timeout_s
-        self.idle_timeout = idle_timeout_s
-        self.max_idle = max_idle
-        self.loop = asyncio.get_running_loop()
-        self._pools: dict[str, _Pool] = {}
-        self._sweeper: asyncio.TimerHandle | None = None
-        self.closed = False
+    def __init__(self, connect_timeout_s: float, read_timeout_s: float) -> None:
+        self._sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(
+                limit=0, limit_per_host=0, keepalive_timeout=KEEPALIVE_S,
+                socket_factory=self._socket,
+            ),
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s
+            ),
+            auto_decompress=False,
+            # the router passes the client's headers on; it adds none of its own
+            skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+            max_line_size=MAX_HEADER_BYTES,
+            max_field_size=MAX_HEADER_BYTES,
+        )
 
     async def post(
         self, base_url: str, path: str, body: bytes, headers: Mapping[str, str]
-    ) -> UpstreamResponse:
-        """POST `body` to `base_url + path` with `headers` (plus Host and Content-Length) and
-        return the answer once its headers are in. `headers` must not hold CR or LF (aiohttp's
-        server parser refuses those in what we pass on)."""
-        if self.closed:
-            raise UpstreamConnectError("the upstream client is closed")
-        pool = self._pools.get(base_url)
-        if pool is None:
-            pool = self._pools[base_url] = _Pool(self, base_url)
-            if self._sweeper is None:
-                self._sweeper = self.loop.call_later(_SWEEP_S, self._sweep)
-        head = "".join(
-            [
-                f"POST {pool.prefix}{path} HTTP/1.1\r\nHost: {pool.host_header}\r\n",
-                *[f"{k}: {v}\r\n" for k, v in headers.items()],
-                f"Content-Length: {len(body)}\r\n\r\n",
-            ]
-        )
-        data = head.encode("utf-8", "surrogateescape") + body
-        conn = pool.take()
-        if conn is not None:
-            try:
-                return await conn.request(data)
-            except UpstreamConnectError:
-                pass  # a stale pooled connection; nothing came back, so once more on a new one
-        conn = await pool.connect()
-        return await conn.request(data)
+    ) -> _Answer:
+        try:
+            resp = await self._session.post(
+                base_url + path, data=body, headers=headers, allow_redirects=False
+            )
+        except aiohttp.ConnectionTimeoutError as exc:
+            raise UpstreamConnectTimeout(f"no connection to {base_url}: {exc}") from None
+        except TimeoutError as exc:
+            raise UpstreamTimeout(f"{base_url} sent nothing: {exc}") from None
+        except aiohttp.ClientResponseError as exc:  # a malformed status line or headers
+            raise UpstreamError(f"malformed answer from {base_url}: {exc}") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            # refused, reset, or closed before any byte of an answer
+            raise UpstreamConnectError(f"{base_url}: {type(exc).__name__}: {exc}") from None
+        return _Answer(resp)
 
-    def _sweep(self) -> None:
-        now = self.loop.time()
-        for pool in self._pools.values():
-            pool.sweep(now)
-        self._sweeper = self.loop.call_later(_SWEEP_S, self._sweep)
+    def _socket(self, addr: AddrInfoType) -> socket.socket:
+        family, kind, proto, _name, _address = addr
+        sock = socket.socket(family, kind, proto)
+        # each token is a small write that must leave at once, not wait for an ACK (Nagle)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sockets.add(sock)
+        return sock
+
+    def sockets(self) -> list[socket.socket]:
+        """The sockets this client opened that are still alive (for tests and debugging)."""
+        return [s for s in self._sockets if s.fileno() >= 0]
 
     def forget(self, base_url: str) -> None:
-        """Drop the pool of a backend that left or was ejected: its idle connections close
-        now, the busy ones once their answer is in (requests in flight are not cut)."""
-        pool = self._pools.pop(base_url, None)
-        if pool is not None:
-            pool.retire()
+        """Nothing to do: idle connections to an engine that left close on their keep-alive
+        timeout, and requests in flight there are not cut."""
 
     async def close(self) -> None:
-        self.closed = True
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            self._sweeper = None
-        for pool in self._pools.values():
-            pool.close()
-        self._pools.clear()
-        await asyncio.sleep(0)  # let the transports run their connection_lost
+        await self._session.close()

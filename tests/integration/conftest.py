@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.fleet import Fleet
+from bench.harness.fleet import Fleet
 
 MODEL = "test-model"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from bench.fleet import Fleet
+from bench.harness.fleet import Fleet
 from prefix_router.app import build_app
 from prefix_router.config import RouterSettings
 
@@ -17,7 +17,7 @@ async def routed(
 ) -> list[str]:
     sims = await start_sims(fleet, 3)
     settings = RouterSettings.model_validate({
-        "discovery": {"backends": sims}, "kv_capacity_tokens": 100_000,
+        "discovery": {"backends": sims}, "kv_capacity_tokens": 100_000, "expose_routing": True,
         "replicate_rate": replicate_rate,
         "max_owners": max_owners,
     })

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.fleet import Fleet, free_port
+from bench.harness.fleet import Fleet, free_port
 
 pytestmark = pytest.mark.slow
 

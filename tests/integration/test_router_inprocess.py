@@ -10,8 +10,8 @@ import socket
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from bench.fleet import Fleet
-from prefix_router.app import ROUTER, SESSION, build_app
+from bench.harness.fleet import Fleet
+from prefix_router.app import SCHEDULER, UPSTREAM, build_app
 from prefix_router.config import RouterSettings
 
 MODEL = "test-model"
@@ -28,19 +28,14 @@ async def routed(fleet: Fleet, start_sims):
         yield client, app, sims
 
 
-async def test_upstream_sockets_have_tcp_nodelay(routed):
+async def test_the_sockets_that_forward_have_tcp_nodelay(routed):
     client, app, _sims = routed
     r = await client.post(
         "/v1/completions", json={"model": MODEL, "prompt": "hi " * 50, "max_tokens": 2}
     )
     assert r.status == 200
-    connector = app[SESSION].connector
-    socks = [
-        proto.transport.get_extra_info("socket")
-        for conns in connector._conns.values()
-        for proto, _t in conns
-    ]
-    assert socks, "the keep-alive pool should hold the upstream connection"
+    socks = app[UPSTREAM].sockets()  # type: ignore[attr-defined]
+    assert socks, "the forwarding client's keep-alive pool should hold a connection"
     for s in socks:
         assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
 
@@ -78,7 +73,7 @@ async def test_garbage_never_crashes_the_router(routed):
     # and it still routes afterwards
     r = await client.post("/v1/completions", json={"model": MODEL, "prompt": "ok", "max_tokens": 1})
     assert r.status == 200
-    assert app[ROUTER].backends.healthy()
+    assert app[SCHEDULER].backends.healthy()
 
 
 async def test_a_stream_releases_only_its_own_pending_prefill(fleet: Fleet, start_sims):
@@ -89,7 +84,7 @@ async def test_a_stream_releases_only_its_own_pending_prefill(fleet: Fleet, star
         {"discovery": {"backends": sims}, "kv_capacity_tokens": 100_000}
     )
     app = build_app(settings)
-    load = app[ROUTER].load
+    load = app[SCHEDULER].load
     async with TestClient(TestServer(app)) as client:
         long = asyncio.create_task(
             client.post(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.fleet import free_port as _free_port
+from bench.harness.fleet import free_port as _free_port
 
 
 @dataclass

@@ -10,7 +10,6 @@ stale, while Redis is away.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import time
@@ -19,16 +18,19 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+import waiting
 from aiohttp.test_utils import TestClient, TestServer
 
-from bench.fleet import Fleet
-from prefix_operator.external_metrics import WORKING_SET_METRIC, totals
+from bench.harness.fleet import Fleet
+from prefix_operator.external_metrics import totals
 from prefix_router.app import build_app
 from prefix_router.config import RouterSettings
+from prefix_router.contract import RouterFigures
 from prefix_router.metrics import RouterMetrics
 from prefix_router.parsing import parse_request
 from prefix_router.prefix import block_hashes, chain_seed
-from prefix_router.redis_store import WS_STALE_S, RedisStore
+from prefix_router.redis.figures import WORKING_SET_STALE_S as WS_STALE_S
+from prefix_router.store import StoreStats
 
 pytestmark = pytest.mark.redis
 
@@ -48,17 +50,18 @@ def test_no_sample_until_a_value_is_set() -> None:
 
     m = RouterMetrics()
     assert sample(generate_latest(m.registry).decode()) is None
-    m.set_working_set(4096)
+    m.show_store(0, StoreStats(working_set_tokens=4096))
     assert sample(generate_latest(m.registry).decode()) == 4096
-    m.set_working_set(None)
+    m.show_store(0, StoreStats(working_set_tokens=None))
     assert sample(generate_latest(m.registry).decode()) is None
 
 
-def settings(url: str, sims: list[str]) -> RouterSettings:
+def settings(url: str, sims: list[str], rid: str) -> RouterSettings:
     return RouterSettings.model_validate({
         "model_key": "ml/llama", "kv_capacity_tokens": 100_000, "block_size": 16,
         "discovery": {"backends": sims},
-        "store": {"mode": "redis", "url": url, "near_cache_ttl_ms": 0, "write_delay_ms": 0},
+        "store": {"mode": "redis", "url": url, "near_cache_ttl_ms": 0, "write_delay_ms": 0,
+                  "router_id": rid},
     })  # fmt: skip
 
 
@@ -72,8 +75,7 @@ async def routers(redis_server: Any, fleet: Fleet) -> AsyncIterator[list[TestCli
     clients = []
     try:
         for rid in ("router-a", "router-b"):
-            store = RedisStore(settings(redis_server.url, sims), rid)
-            app = build_app(settings(redis_server.url, sims), store=store)
+            app = build_app(settings(redis_server.url, sims, rid))
             client = TestClient(TestServer(app))
             await client.start_server()
             clients.append(client)
@@ -105,14 +107,7 @@ async def gauge(client: TestClient) -> float | None:
 
 
 async def wait_for(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
-
+    return await waiting.until(predicate, timeout, what, interval=0.1)
 
 async def test_the_gauge_is_the_adapters_working_set_on_every_router(
     redis_server: Any, routers: list[TestClient]
@@ -150,8 +145,8 @@ async def test_the_gauge_is_the_adapters_working_set_on_every_router(
         hashes = await wait_for(published, 10, "the routers' published figures")
     finally:
         await r.aclose()
-    t = totals(hashes, now=time.time())
-    assert t is not None and t.value(WORKING_SET_METRIC) == va
+    t = totals([RouterFigures.from_hash(h) for h in hashes], now=time.time())
+    assert t is not None and t.working_set_tokens == va
 
 
 async def test_no_sample_while_redis_is_away(redis_server: Any, routers: list[TestClient]) -> None:

@@ -68,7 +68,7 @@ def test_sse_null_content_and_missing_cached_tokens():
         _event({"choices": [], "usage": {"prompt_tokens": 7}}),
         b"data: [DONE]\n\n",
     ])
-    assert read_sse(buf, "chat") == ("x", (7, 0))
+    assert read_sse(buf, "chat") == ("x", (7, None))  # unknown, not zero
 
 
 def test_json_chat_and_completions():
@@ -77,7 +77,7 @@ def test_json_chat_and_completions():
     assert read_json(json.dumps(chat).encode(), "chat") == ("hi", (120, 96))
     comp = {"choices": [{"index": 0, "text": "yo"}], "usage": {"prompt_tokens": 3,
                                                                 "prompt_tokens_details": None}}
-    assert read_json(json.dumps(comp).encode(), "completions") == ("yo", (3, 0))
+    assert read_json(json.dumps(comp).encode(), "completions") == ("yo", (3, None))
 
 
 def test_json_not_an_answer():
@@ -85,3 +85,13 @@ def test_json_not_an_answer():
     assert read_json(b"[1, 2]", "chat") == (None, None)
     assert read_json(b'{"usage": {"prompt_tokens": true}}', "chat") == (None, None)
     assert read_json(b'{"choices": []}', "chat") == (None, None)
+
+
+def test_llama_cpp_timings_stand_in_for_usage_in_a_stream_without_it():
+    buf = b"".join([
+        _event(_chat_chunk("x")),
+        _event({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                "timings": {"cache_n": 96, "prompt_n": 24}}),
+        b"data: [DONE]\n\n",
+    ])
+    assert read_sse(buf, "chat") == ("x", (120, 96))

@@ -1,4 +1,4 @@
-from prefix_router.table import OwnershipTable
+from prefix_router.index.table import OwnershipTable
 
 
 def chain(n, base=0):
@@ -80,12 +80,15 @@ def test_max_entries_bound():
     assert t.distinct_blocks() <= 1000
 
 
-def test_forget():
+def test_truncate_keeps_the_head_of_the_chain():
     t = OwnershipTable(block_tokens=16)
-    t.record(chain(3), "a", now=0)
-    t.forget(chain(3), "a")
-    assert t.match(chain(3)) == {}
-    assert len(t) == 0
+    t.record(chain(5), "a", now=0)
+    t.record(chain(5), "b", now=0)
+    assert t.truncate(chain(5), "a", keep=2) == 3
+    assert t.match(chain(5)) == {"a": 2, "b": 5}
+    assert t.truncate(chain(5), "a", keep=0) == 2
+    assert t.match(chain(5)) == {"b": 5}
+    assert len(t) == 5
 
 
 def test_tail_age_is_the_coldest_block_of_a_full_backend():

@@ -1,0 +1,138 @@
+"""The contract between the data plane and the control plane, in one place.
+
+The router writes, and the operator and its metrics adapter read, the same Redis keys and the
+same figure fields; the operator renders the router's settings file. Both sides import this
+module, so a name changes here or nowhere.
+
+Redis key layout, all under `prefixrouter:<model_key>:` (model_key is `<namespace>/<name>` of
+the PrefixRoutedModel, so the operator's finalizer can delete a model's keys by prefix; keys
+carry block hashes in hex, never prompt text):
+  o:<model>:<hash>        HASH  backend -> last use (unix s): the owners of one prefix block
+  lru:<model>:<backend>   ZSET  hash scored by last use: the backend's capacity model
+  be:<model>              SET   backends with an lru set for the model
+  ws:<bucket>             HLL   block hashes requested in one working-set bucket (a union
+                                across router replicas, not a sum)
+  load:<router id>        HASH  i:<backend> -> this router's requests in flight there,
+                                p:<backend> -> its prompt tokens dispatched there whose
+                                prefill has not finished (expires: a dead router's load
+                                disappears by itself)
+  routers                 ZSET  router id scored by its last heartbeat
+  models                  SET   model names with ownership here (for dropping a backend)
+  router:<router id>      HASH  the router's figures over the window (RouterFigures)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+
+from .config import RouterSettings
+
+__all__ = [
+    "FIGURES_INFIX",
+    "KEY_PREFIX",
+    "METRIC_PREFIX",
+    "WORKING_SET_BUCKET_S",
+    "WORKING_SET_WINDOW_S",
+    "RouterFigures",
+    "RouterSettings",
+    "StoreKeys",
+    "store_prefix",
+]
+
+KEY_PREFIX = "prefixrouter:"
+OWNERS_INFIX = "o:"
+LRU_INFIX = "lru:"
+BACKENDS_INFIX = "be:"
+WORKING_SET_INFIX = "ws:"
+LOAD_INFIX = "load:"
+ROUTERS_KEY = "routers"
+MODELS_KEY = "models"
+FIGURES_INFIX = "router:"
+
+# The working set is the distinct blocks requested within the window, counted in buckets.
+WORKING_SET_BUCKET_S = 10
+WORKING_SET_WINDOW_S = 60
+
+# Every Prometheus series the router exports, and every external metric the adapter serves,
+# starts with this: one name per figure whichever path (Prometheus or our adapter) carries it.
+METRIC_PREFIX = "prefix_router_"
+WORKING_SET_METRIC = METRIC_PREFIX + "working_set_tokens"
+IN_FLIGHT_METRIC = METRIC_PREFIX + "in_flight"
+
+
+def store_prefix(model_key: str) -> str:
+    """Every Redis key of one PrefixRoutedModel starts with this."""
+    return f"{KEY_PREFIX}{model_key}:"
+
+
+class StoreKeys:
+    """The keys of one model key's routers (see the layout above)."""
+
+    __slots__ = ("prefix",)
+
+    def __init__(self, model_key: str) -> None:
+        self.prefix = store_prefix(model_key)
+
+    def owners_prefix(self, model: str) -> str:
+        """Followed by a block hash in 16 hex digits: that block's owners."""
+        return f"{self.prefix}{OWNERS_INFIX}{model}:"
+
+    def lru(self, model: str, backend: str) -> str:
+        return f"{self.prefix}{LRU_INFIX}{model}:{backend}"
+
+    def backends(self, model: str) -> str:
+        return f"{self.prefix}{BACKENDS_INFIX}{model}"
+
+    def working_set(self, bucket: int) -> str:
+        return f"{self.prefix}{WORKING_SET_INFIX}{bucket}"
+
+    def working_set_window(self, now: float) -> list[str]:
+        """The buckets of the window that ends at `now` (unix seconds)."""
+        b = int(now // WORKING_SET_BUCKET_S)
+        n = WORKING_SET_WINDOW_S // WORKING_SET_BUCKET_S
+        return [self.working_set(b - i) for i in range(n)]
+
+    def load(self, router_id: str) -> str:
+        return f"{self.prefix}{LOAD_INFIX}{router_id}"
+
+    @property
+    def routers(self) -> str:
+        return self.prefix + ROUTERS_KEY
+
+    @property
+    def models(self) -> str:
+        return self.prefix + MODELS_KEY
+
+    def figures(self, router_id: str) -> str:
+        return f"{self.prefix}{FIGURES_INFIX}{router_id}"
+
+    @property
+    def figures_prefix(self) -> str:
+        """Followed by a router id: that router's figures."""
+        return self.prefix + FIGURES_INFIX
+
+
+@dataclass(frozen=True, slots=True)
+class RouterFigures:
+    """What one router publishes about one model, over the working-set window."""
+
+    prompt_tokens: float = 0.0  # prompt tokens routed in the window
+    cached_tokens: float = 0.0  # of which predicted to hit a cached prefix
+    working_set_tokens: float = 0.0  # the model-wide working set (the shared count)
+    in_flight: float = 0.0  # requests in flight through this router now
+    updated_at: float = 0.0  # unix seconds of the publication
+
+    def as_hash(self) -> dict[str, float]:
+        return asdict(self)
+
+    @classmethod
+    def from_hash(cls, h: Mapping[str, object]) -> RouterFigures:
+        """Tolerant of missing or garbled fields (a field another version did not write)."""
+        values: dict[str, float] = {}
+        for f in fields(cls):
+            try:
+                values[f.name] = float(h.get(f.name, 0) or 0)  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                values[f.name] = 0.0
+        return cls(**values)

@@ -1,0 +1,117 @@
+"""The index of one router process: one OwnershipTable per model."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from .learning import EngineCache
+from .table import OwnershipTable
+
+
+class LocalIndex:
+    def __init__(
+        self,
+        block_tokens: int,
+        capacity_tokens: int,
+        ttl: float,
+        max_entries: int,
+        max_owners: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._args = (block_tokens, capacity_tokens, ttl, max_entries, max_owners)
+        self._capacity = capacity_tokens
+        self._tables: dict[str, OwnershipTable] = {}
+        self._clock = clock
+        self._block_tokens: float = block_tokens
+        self._engines: dict[str, EngineCache] = {}  # learned per backend (learning.py)
+
+    def table(self, model: str) -> OwnershipTable:
+        t = self._tables.get(model)
+        if t is None:
+            t = self._tables[model] = OwnershipTable(*self._args)
+            t.resize(self._block_tokens)
+            for backend, engine in self._engines.items():
+                self._limit(t, backend, engine)
+        return t
+
+    def match(self, model: str, hashes: Sequence[int]) -> dict[str, int]:
+        t = self._tables.get(model)
+        if t is None or not hashes:
+            return {}
+        return t.match(hashes, self._clock())
+
+    async def lookup(self, model: str, hashes: Sequence[int]) -> dict[str, int]:
+        return self.match(model, hashes)
+
+    def record(
+        self, model: str, hashes: Sequence[int], backend: str, *, news: bool = False,
+        known: int = 0,
+    ) -> None:
+        if hashes:
+            self.table(model).record(hashes, backend, self._clock())
+
+    def truncate(self, model: str, hashes: Sequence[int], backend: str, keep: int) -> None:
+        t = self._tables.get(model)
+        if t is not None:
+            t.truncate(hashes, backend, keep)
+
+    def age(self, model: str, backend: str, h: int) -> float | None:
+        """Seconds since `backend`'s block `h` was last used, if the index has it."""
+        t = self._tables.get(model)
+        used = t.last_use(backend, h) if t is not None else None
+        return None if used is None else max(self._clock() - used, 0.0)
+
+    def learn(self, model: str, backend: str, age: float, predicted: int, held: int) -> bool:
+        """An answer's evidence of what `backend` held (learning.py); True when it moved the
+        index's model of that engine."""
+        engine = self._engines.setdefault(backend, EngineCache())
+        full = self.occupancy(model, backend) >= 0.95
+        if not engine.observe(age, predicted, held, full):
+            return False
+        for t in self._tables.values():
+            self._limit(t, backend, engine)
+        return True
+
+    def _limit(self, t: OwnershipTable, backend: str, engine: EngineCache) -> None:
+        base = self._capacity / self._block_tokens if self._capacity > 0 else 0
+        t.limit(backend, int(base * engine.scale), engine.keep_s)
+
+    def resize(self, block_tokens: float) -> None:
+        """A block holds this many engine tokens now (sizing.py)."""
+        self._block_tokens = block_tokens
+        for t in self._tables.values():
+            t.resize(block_tokens)
+        for backend, engine in self._engines.items():
+            for t in self._tables.values():
+                self._limit(t, backend, engine)
+
+    def occupancy(self, model: str, backend: str) -> float:
+        t = self._tables.get(model)
+        return t.fill(backend) if t is not None else 0.0
+
+    def tail_age(self, model: str, backend: str) -> float:
+        t = self._tables.get(model)
+        return float("inf") if t is None else t.tail_age(backend, self._clock())
+
+    def drop_backend(self, backend: str) -> None:
+        self._engines.pop(backend, None)  # a replacement starts with nothing learned
+        for t in self._tables.values():
+            t.drop_backend(backend)
+
+    def expire(self) -> int:
+        now = self._clock()
+        return sum(t.expire(now) for t in self._tables.values())
+
+    def entries(self) -> int:
+        return sum(len(t) for t in self._tables.values())
+
+    @property
+    def degraded(self) -> bool:
+        return False
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None

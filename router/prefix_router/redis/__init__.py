@@ -1,0 +1,147 @@
+"""The shared store: one prefix index, load picture and set of figures for every router
+replica of a model, in one Redis. Key layout: contract.py.
+
+Split by job, each with its own period (settings.store) and an injectable clock, so a test
+drives time by calling a job's tick instead of sleeping:
+  index.py      the shared index (lookups, near-cache, budget, capacity model)
+  writeback.py  the write-back queue (records, truncations, drops, working-set hashes)
+  peers.py      this router's load for the others, theirs read back, live routers
+  figures.py    the figures for the operator and the autoscaler
+  link.py       the connection, down/up, reconnection
+The scripts touch keys computed from a prefix, so this needs a single Redis (or a cluster
+with every key of a model in one hash slot), not a sharded cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+from ..config import RouterSettings
+from ..contract import StoreKeys
+from ..load import LoadTracker
+from ..store import Store, StoreStats, local_index
+from .figures import FiguresPublisher
+from .index import SharedIndex
+from .link import FAILURES, RedisLink
+from .peers import Peers
+from .writeback import WriteBack
+
+log = logging.getLogger("prefix_router.redis")
+
+__all__ = ["SharedStore"]
+
+
+class SharedStore(Store):
+    def __init__(
+        self,
+        s: RouterSettings,
+        load: LoadTracker,
+        router_id: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        st = s.store
+        self.settings = s
+        self.router_id = (
+            router_id or st.router_id or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+        )
+        self.keys = StoreKeys(s.model_key)
+        self.link = RedisLink(st, clock)
+        self.peers = Peers(self.link, self.keys, self.router_id, load, st.load_lease_s, wall)
+        self.writes = WriteBack(s, self.keys, self.link, self.peers, clock, wall)
+        self.figures = FiguresPublisher(
+            self.link, self.keys, self.router_id, load, s.block_size, clock, wall
+        )
+        self.shared = SharedIndex(
+            s, self.link, self.keys, self.writes, self.peers, local_index(s), clock, wall
+        )
+        # with the engines' events every router builds the same index from them (events/):
+        # the store then carries the load, the figures and the working set, not the index
+        super().__init__(local_index(s) if s.index == "events" else self.shared)
+        self.observe = self.figures.observe
+        self.timer_round_trips = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+
+    def routers(self) -> int:
+        return self.peers.routers()
+
+    def requested(self, model: str, hashes: list[int]) -> None:
+        self.writes.add_working_set(hashes)
+
+    def stats(self) -> StoreStats:
+        return StoreStats(
+            degraded=self.link.down,
+            round_trips=self.shared.round_trips + self.writes.flushes,
+            timer_round_trips=self.timer_round_trips,
+            slow_lookups=self.shared.slow_lookups,
+            budget_s=self.shared.budget,
+            working_set_tokens=self.figures.working_set_tokens,
+        )
+
+    async def heartbeat(self) -> None:
+        """The heartbeat job: the lease, the others' load, the shared capacity model."""
+        if self.link.down:
+            return
+        await self.peers.heartbeat()
+        await self.shared.capacity.read(self.shared.models)
+        self.timer_round_trips += 2
+
+    async def publish(self) -> None:
+        await self.figures.publish()
+        self.timer_round_trips += 1
+
+    async def start(self) -> None:
+        await self.link.start()
+        self.run_jobs()
+
+    def run_jobs(self) -> None:
+        """Each job on its timer (tests call the jobs themselves instead)."""
+        st = self.settings.store
+        self._tasks = [
+            self._every("redis-flush", st.flush_period_ms / 1000.0, self.writes.tick),
+            self._every("redis-heartbeat", st.heartbeat_period_s, self.heartbeat),
+            self._every("redis-figures", st.figures_period_s, self.publish),
+            self._every("redis-reconnect", st.reconnect_period_s, self.reconnect),
+        ]
+
+    async def reconnect(self) -> None:
+        """The reconnection job: one try while Redis is away."""
+        if await self.link.reconnect():
+            self.shared.reconnected()
+
+    def _every(
+        self, name: str, period: float, tick: Callable[[], Awaitable[None]]
+    ) -> asyncio.Task[None]:
+        async def loop() -> None:
+            while not self._closed:
+                await asyncio.sleep(period)
+                if self._closed:
+                    return
+                try:
+                    await tick()
+                except FAILURES as exc:
+                    self.link.fail(exc)
+
+        return asyncio.create_task(loop(), name=name)
+
+    async def close(self) -> None:
+        # The loops also stop on the flag and are awaited with a deadline: redis-py has been
+        # seen to swallow a CancelledError that lands inside pipeline.execute() and return
+        # the reply instead, so a bare cancel-and-await could wait forever.
+        self._closed = True
+        for t in self._tasks:
+            t.cancel()
+        if self._tasks:
+            _done, stuck = await asyncio.wait(self._tasks, timeout=2.0)
+            for t in stuck:
+                log.warning("background task %s did not stop within 2 s", t.get_name())
+        with contextlib.suppress(*FAILURES):
+            await self.shared.close()
+        await self.link.close()

@@ -1,0 +1,79 @@
+"""Each backend's cache as every router of a model sees it: the shared capacity model (the
+lru sets all routers write, read on the heartbeat) and what was learned of the real engine
+from the cached tokens it reports (index/learning.py).
+
+Occupancy and tail age come from the SHARED model: each router's own view differs (it sees a
+share of the records), and routing on it would make replicas place the same new prefix on
+different backends. The shared one is the same for all, up to one heartbeat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..contract import StoreKeys
+from ..index.learning import EngineCache
+from .link import RedisLink
+from .writeback import WriteBack
+
+
+class Capacity:
+    def __init__(
+        self, link: RedisLink, keys: StoreKeys, writes: WriteBack, wall: Callable[[], float]
+    ) -> None:
+        self._link = link
+        self._keys = keys
+        self._writes = writes
+        self._wall = wall
+        # per model and backend: (blocks its capacity model holds, last use of the coldest)
+        self._held: dict[str, dict[str, tuple[int, float]]] = {}
+        self.engines: dict[str, EngineCache] = {}  # learned per backend
+
+    def occupancy(self, model: str, backend: str) -> float:
+        held = self._held.get(model, {}).get(backend)
+        return held[0] / self._writes.capacity_of(backend) if held else 0.0
+
+    def tail_age(self, model: str, backend: str) -> float:
+        held = self._held.get(model, {}).get(backend)
+        # "full" a little early, as the local table counts it: a request adds its own blocks
+        if not held or held[1] < 0 or held[0] < self._writes.capacity_of(backend) * 0.95:
+            return float("inf")
+        return max(self._wall() - held[1], 0.0)
+
+    def learn(self, model: str, backend: str, age: float, predicted: int, held: int) -> bool:
+        engine = self.engines.setdefault(backend, EngineCache())
+        full = self.occupancy(model, backend) >= 0.95
+        if not engine.observe(age, predicted, held, full):
+            return False
+        self._writes.capacity[backend] = int(self._writes.capacity_blocks * engine.scale)
+        return True
+
+    def cutoffs(self) -> list[object]:
+        """(backend, oldest last use its engine still holds) pairs for the lookup script."""
+        now = self._wall()
+        out: list[object] = []
+        for b, e in self.engines.items():
+            if e.keep_s < float("inf"):
+                out += (b, now - e.keep_s)
+        return out
+
+    def drop(self, backend: str) -> None:
+        self.engines.pop(backend, None)
+        self._writes.capacity.pop(backend, None)
+        for held in self._held.values():
+            held.pop(backend, None)
+
+    async def read(self, models: set[str]) -> None:
+        """The shared capacity model of every model this router serves (one round trip)."""
+        if self._link.down or not models:
+            return
+        ordered = sorted(models)
+        pipe = self._link.pipeline()
+        for model in ordered:
+            self._link.evalsha(pipe, "caches", self._keys.prefix, model)
+        res = await pipe.execute()
+        for model, flat in zip(ordered, res, strict=True):
+            self._held[model] = {
+                str(flat[i]): (int(flat[i + 1]), float(flat[i + 2]))
+                for i in range(0, len(flat), 3)
+            }

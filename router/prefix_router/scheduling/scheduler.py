@@ -1,0 +1,227 @@
+"""From a parsed request to a routing decision.
+
+Order of work for one request: prefix key (chained block hashes) -> candidates (healthy
+backends serving the model, with their load) -> one index lookup for the whole chain, merged
+with the chains still pending -> the policy's profile (filters, scorers, picker).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import xxhash
+
+from ..backends import Backend, BackendSet
+from ..config import RouterSettings
+from ..errors import RequestError
+from ..index import PrefixIndex
+from ..index.pending import PendingIndex
+from ..load import LoadTracker
+from ..metrics import RouterMetrics
+from ..offload import Offload
+from ..parsing import ParsedRequest, next_turn_canonical
+from ..prefix import block_hashes, chain_seed
+from ..sizing import Sizing
+
+if TYPE_CHECKING:
+    from ..tokens import ChatTokenizer
+from .candidate import Ask, Candidate, Decision
+from .demand import Demand, wants_another_owner
+from .filters import serving
+from .profiles import PROFILES
+from .scorers import Signals
+
+if TYPE_CHECKING:
+    from ..tokens import ChatTokenizer
+
+log = logging.getLogger("prefix_router.decisions")
+
+
+@dataclass(slots=True)
+class Route:
+    """A request with its decision: what the proxy forwards and the attempts record."""
+
+    parsed: ParsedRequest
+    seed: int
+    hashes: list[int]
+    prompt_tokens: float
+    decision: Decision
+    started: float  # time.perf_counter() when routing began
+    # seconds the decided backend's deepest matched block had gone unused (None: a miss, or
+    # a match the index cannot date): what its answer's cached tokens are evidence about
+    age: float | None = None
+    busy: bool = False  # another request of this prefix was in flight on that backend
+
+
+class Scheduler:
+    def __init__(
+        self,
+        settings: RouterSettings,
+        backends: BackendSet,
+        index: PrefixIndex,
+        load: LoadTracker,
+        metrics: RouterMetrics,
+        routers: Callable[[], int] = lambda: 1,
+        observe: Callable[[float, float], None] | None = None,
+        requested: Callable[[str, list[int]], None] | None = None,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.backends = backends
+        self.index = index
+        self.load = load
+        self.metrics = metrics
+        # live router replicas sharing the index: a Service spreads requests over them, so
+        # this one sees about 1/routers of each prefix's demand
+        self.routers = routers
+        # (prompt tokens, predicted cached tokens) of each request served: the figures a
+        # shared store publishes for the autoscaler (none without one)
+        self.observe = observe
+        self.requested = requested
+        self._models = frozenset(settings.models)
+        self.clock = clock
+        self.pending = PendingIndex()  # chains sent, not yet answered
+        # with the engines' events: chains answered whose events have not come yet
+        self.speculative = PendingIndex()
+        self.demand = Demand()
+        self.signals = Signals()
+        self._rng = rng or random.Random()
+        self.profile = PROFILES[settings.policy](settings, self.signals, self._rng)
+        self.offload = Offload()
+        self.tokenizer: ChatTokenizer | None = None
+        if settings.tokenizer:
+            from ..tokens import ChatTokenizer  # tokenizers, jinja2: only where configured
+
+            self.tokenizer = ChatTokenizer(settings.tokenizer)
+        self.sizing = Sizing(
+            settings.block_size, settings.block_bytes, settings.bytes_per_token,
+            exact=self.tokenizer is not None,
+        )
+        self._block_bytes = self.sizing.block_bytes
+        index.resize(self.sizing.block_tokens)
+
+    def check_model(self, model: str) -> None:
+        served = self._models or self.backends.served_models()
+        if served and model not in served:
+            raise RequestError(
+                404, f"The model `{model}` does not exist.", param="model", code="model_not_found"
+            )
+
+    async def route(self, parsed: ParsedRequest) -> Route:
+        started = time.perf_counter()
+        self.check_model(parsed.model)
+        healthy = self.backends.healthy()
+        if not healthy:
+            raise RequestError(503, "no healthy backend is available", retry_after=1)
+        s = self.settings
+        model = parsed.model
+        backends = serving(healthy, model)
+        seed = chain_seed(model, parsed.cache_salt)
+        hashes = await self.offload.run(len(parsed.canonical), self._key, parsed, seed, backends)
+        canonical = parsed.canonical
+        load = self.load
+        cands = [
+            Candidate(b.url, load.inflight(b.url), load.pending_prefill(b.url)) for b in backends
+        ]
+        profile = self.profile
+        if profile.uses_index:
+            ask = await self._ask(model, hashes, cands)
+        elif profile.key_bytes:
+            ask = Ask(xxhash.xxh3_64_intdigest(canonical[: profile.key_bytes]))
+        else:
+            ask = Ask(0)
+        decision = profile.choose(cands, ask)
+        self.metrics.count_decision(s.policy, decision.reason)
+        self.metrics.overhead.observe(time.perf_counter() - started)
+        if s.log_decisions:
+            log.info(
+                "route model=%s head=%016x blocks=%d backend=%s reason=%s matched=%d loads=%s",
+                model,
+                hashes[0] if hashes else 0,
+                len(hashes),
+                decision.backend,
+                decision.reason,
+                decision.matched_blocks,
+                ",".join(f"{c.name}:{c.in_flight:.0f}/{c.matched_blocks}" for c in cands),
+            )
+        prompt_tokens = self.sizing.prompt_tokens(len(canonical))
+        age, busy = None, False
+        if decision.matched_blocks and profile.uses_index:
+            age = self.index.age(model, decision.backend, hashes[decision.matched_blocks - 1])
+            busy = self.pending.holds(model, hashes[0], decision.backend)
+        return Route(parsed, seed, hashes, prompt_tokens, decision, started, age, busy)
+
+    def _key(self, parsed: ParsedRequest, seed: int, backends: list[Backend]) -> list[int]:
+        """The prompt's chain of block hashes (token ids first, with a tokenizer), once it is
+        known to fit: a prompt longer than the engines take is refused before any work on
+        the index. Pure CPU: large prompts run in a worker thread (offload.py)."""
+        if self.tokenizer is not None:
+            self.tokenizer.tokenize(parsed)
+        limit = min(
+            (b.max_model_len for b in backends if b.max_model_len),
+            default=self.settings.max_prompt_tokens,
+        )
+        tokens = self.sizing.prompt_tokens(len(parsed.canonical))
+        # with byte blocks the count is an estimate: only what is far over is refused here
+        if tokens > limit * (1.0 if self.sizing.exact else 2.0):
+            what = "tokens" if self.sizing.exact else "tokens, estimated"
+            raise RequestError(
+                400,
+                f"the prompt ({tokens:.0f} {what}) is longer than the model's context of "
+                f"{limit} tokens",
+                param="messages" if parsed.kind == "chat" else "prompt",
+                code="context_length_exceeded",
+            )
+        return block_hashes(parsed.canonical, self._block_bytes, seed)
+
+    async def _ask(self, model: str, hashes: list[int], cands: list[Candidate]) -> Ask:
+        """Fill each candidate's match and cache state from the index; the request as scored."""
+        index = self.index
+        if self.requested is not None and hashes:
+            self.requested(model, hashes)
+        now = self.clock()
+        self.speculative.expire(now)
+        matches = await index.lookup(model, hashes) if hashes else {}
+        matches = self.pending.merge(model, hashes, matches)
+        matches = self.speculative.merge(model, hashes, matches)
+        best = 0
+        for c in cands:
+            m = c.matched_blocks = matches.get(c.name, 0)
+            best = max(best, m)
+            c.occupancy = index.occupancy(model, c.name)
+            c.tail_age = index.tail_age(model, c.name)
+        key = hashes[0] if hashes else self._rng.getrandbits(64)
+        replicate = False
+        s = self.settings
+        if best and s.replicate_rate:
+            hot = hashes[best - 1]
+            self.demand.observe(hot, now)
+            owners = sum(1 for c in cands if c.matched_blocks >= best)
+            rate = self.demand.rate(hot, now) * self.routers()
+            replicate = wants_another_owner(rate, owners, s.replicate_rate, s.max_owners)
+        return Ask(key, len(hashes), best, replicate, now)
+
+    def model_of(self, backend: str) -> str | None:
+        """The model a backend serves, when that is one model (its KV events do not say)."""
+        if self.settings.models:
+            return self.settings.models[0]
+        b = self.backends.get(backend)
+        served = b.models if b is not None else frozenset()
+        return next(iter(served)) if len(served) == 1 else None
+
+    def next_turn(self, parsed: ParsedRequest, answer: str) -> bytes:
+        """Canonical bytes the next turn of this conversation starts with."""
+        if self.tokenizer is not None:
+            return self.tokenizer.next_turn_bytes(parsed, answer)
+        return next_turn_canonical(parsed, answer)
+
+    def left(self, backend: str) -> None:
+        """A backend left or was ejected: what was learned of its rhythm goes with it."""
+        self.signals.steps.forget(backend)
+        self.speculative.drop_backend(backend)

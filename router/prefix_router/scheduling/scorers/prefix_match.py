@@ -1,0 +1,25 @@
+"""Prefix match: the prefill a backend need not compute because it holds the prefix."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ...config import RouterSettings
+from ..candidate import Ask, Candidate
+
+
+def build(s: RouterSettings, _signals: object) -> PrefixMatch:
+    return PrefixMatch(s.block_size)
+
+
+class PrefixMatch:
+    __slots__ = ("block_tokens",)
+
+    def __init__(self, block_tokens: int) -> None:
+        self.block_tokens = block_tokens
+
+    def __call__(self, cands: Sequence[Candidate], ask: Ask) -> list[float] | None:
+        if not ask.best_match:
+            return None
+        b = self.block_tokens
+        return [c.matched_blocks * b for c in cands]

@@ -1,0 +1,398 @@
+"""The shared store against a real redis-server: index, capacity, membership, load, figures,
+faults. Time is driven, not slept: each store gets its own clocks, and the tests call the
+store's jobs (flush, heartbeat, figures, reconnection) where the timers would."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+
+import pytest
+import redis.asyncio as aioredis
+
+from prefix_operator.figures import aggregate
+from prefix_router.config import RouterSettings
+from prefix_router.contract import RouterFigures
+from prefix_router.load import LoadTracker
+from prefix_router.redis import SharedStore
+from prefix_router.redis.scripts import block_hex, chain_hex
+
+pytestmark = pytest.mark.redis
+
+
+@dataclass
+class Clock:
+    """A clock the test moves; `wall` runs beside it from the real time at the start."""
+
+    t: float = 1000.0
+    base: float = field(default_factory=time.time)
+
+    def __call__(self) -> float:
+        return self.t
+
+    def wall(self) -> float:
+        return self.base + self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def settings(url: str, **kw) -> RouterSettings:
+    store = {"mode": "redis", "url": url, "timeout_ms": 1000, "near_cache_ttl_ms": 0,
+             "write_delay_ms": 0}
+    store.update(kw.pop("store", {}))
+    return RouterSettings.model_validate(
+        {"model_key": "ns/m", "kv_capacity_tokens": 16 * 50, "store": store, **kw}
+    )
+
+
+async def make(url: str, rid: str, clock: Clock, **kw) -> tuple[SharedStore, LoadTracker]:
+    load = LoadTracker()
+    s = SharedStore(settings(url, **kw), load, rid, clock=clock, wall=clock.wall)
+    await s.link.start()  # no timers: the tests run the jobs
+    return s, load
+
+
+async def pair(url: str, **kw):
+    clock = Clock()
+    (a, la), (b, lb) = await make(url, "ra", clock, **kw), await make(url, "rb", clock, **kw)
+    return clock, a, b, la, lb
+
+
+async def written(s: SharedStore) -> None:
+    """Everything `s` has queued is in Redis (what the flush timer would do)."""
+    if s.writes.flushing is not None:
+        await s.writes.flushing
+    await s.writes.flush()
+
+
+async def test_one_router_sees_what_another_wrote_in_one_round_trip(redis_server):
+    _clock, a, b, _la, _lb = await pair(redis_server.url, store={"write_delay_ms": 10_000})
+    try:
+        chain = list(range(1, 21))
+        a.index.record("m", chain, "http://e1", news=True)
+        await written(a)
+        before = b.stats().round_trips
+        assert await b.index.lookup("m", chain) == {"http://e1": 20}
+        assert b.stats().round_trips - before == 1
+        assert await b.index.lookup("m", [1, 2, 99]) == {"http://e1": 2}
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_capacity_model_is_shared(redis_server):
+    clock, a, b, _la, _lb = await pair(redis_server.url)  # 50 blocks per backend
+    try:
+        a.index.record("m", list(range(1000, 1040)), "http://e1")
+        await written(a)
+        clock.advance(1.0)
+        b.index.record("m", list(range(2000, 2040)), "http://e1")
+        await written(b)
+        r = aioredis.from_url(redis_server.url)
+        assert await r.zcard("prefixrouter:ns/m:lru:m:http://e1") == 50
+        await r.aclose()
+        # the older chain lost its tail first
+        assert await b.index.lookup("m", list(range(1000, 1040))) == {"http://e1": 10}
+        assert await a.index.lookup("m", list(range(2000, 2040))) == {"http://e1": 40}
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_truncation_reaches_every_router(redis_server):
+    # an engine reported holding less (or refused the request): one router corrects the
+    # index, and the other routes on the same correction
+    _clock, a, b, _la, _lb = await pair(redis_server.url)
+    try:
+        chain = list(range(1, 11))
+        a.index.record("m", chain, "http://e1")
+        a.index.record("m", chain, "http://e2")
+        await written(a)
+        assert await b.index.lookup("m", chain) == {"http://e1": 10, "http://e2": 10}
+        b.index.truncate("m", chain, "http://e1", 4)
+        await written(b)
+        assert await a.index.lookup("m", chain) == {"http://e1": 4, "http://e2": 10}
+        assert await b.index.lookup("m", chain) == {"http://e1": 4, "http://e2": 10}
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_backend_that_leaves_is_gone_for_every_router(redis_server):
+    _clock, a, b, _la, _lb = await pair(redis_server.url)
+    try:
+        a.index.record("m", [1, 2, 3], "http://e1")
+        a.index.record("m", [1, 2, 3], "http://e2")
+        await written(a)
+        b.index.drop_backend("http://e1")
+        await written(b)
+        assert await a.index.lookup("m", [1, 2, 3]) == {"http://e2": 3}
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_load_is_shared_and_a_dead_router_stops_counting(redis_server):
+    clock, a, b, la, lb = await pair(redis_server.url)
+    assert (a.routers(), b.routers()) == (1, 1)  # before the first heartbeat
+    try:
+        for _ in range(4):
+            la.start("http://e1", 0)
+        await a.heartbeat()
+        await b.heartbeat()
+        assert lb.inflight("http://e1") == 4
+        assert la.inflight("http://e1") == 4  # its own, not doubled
+        await a.heartbeat()
+        # each counts both routers, itself included (a prefix's demand is ~2 x what one sees)
+        assert (a.routers(), b.routers()) == (2, 2)
+        await a.close()  # router A dies with 4 requests "in flight"
+        clock.advance(b.peers.lease_s + 0.5)  # its lease runs out
+        await b.heartbeat()
+        assert lb.inflight("http://e1") == 0
+        assert b.routers() == 1
+    finally:
+        await b.close()
+
+
+async def test_a_lookup_brings_the_other_routers_load_and_pending_prefill(redis_server):
+    _clock, a, b, la, lb = await pair(redis_server.url)
+    try:
+        la.start("http://e1", 500)
+        a.index.record("m", [1, 2], "http://e1")  # its write publishes A's load with it
+        await written(a)
+        await b.index.lookup("m", [1, 2])  # no heartbeat ran: only the lookup carried it
+        assert lb.inflight("http://e1") == 1
+        assert lb.pending_prefill("http://e1") == 500
+        la.first_byte("http://e1", 500)
+        a.index.record("m", [1, 2, 3], "http://e1")
+        await written(a)
+        await b.index.lookup("m", [1, 2, 3])
+        assert lb.pending_prefill("http://e1") == 0
+        assert la.pending_prefill("http://e1") == 0  # its own is not counted twice
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_change_of_load_goes_at_the_flush_tick_without_the_queued_writes(redis_server):
+    _clock, a, b, la, lb = await pair(redis_server.url, store={"write_delay_ms": 400})
+    try:
+        a.index.record("m", [7, 8], "http://e1")
+        la.start("http://e1", 300)
+        await a.writes.tick()  # the record may wait; the load may not
+        assert await b.index.lookup("m", [7, 8]) == {}  # the record still waits at A...
+        assert lb.inflight("http://e1") == 1  # ...but its load is out
+        assert lb.pending_prefill("http://e1") == 300
+        la.finish("http://e1")
+        await a.writes.tick()
+        await b.index.lookup("m", [5])
+        assert lb.inflight("http://e1") == 0
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_new_owner_goes_out_at_once_not_at_the_next_tick(redis_server):
+    _clock, a, b, _la, _lb = await pair(redis_server.url, store={"write_delay_ms": 400})
+    try:
+        a.index.record("m", [41, 42], "http://e1")  # a hit's refresh: waits for a lookup
+        a.index.record("m", [51, 52], "http://e2", news=True)  # a new owner: sent now
+        assert a.writes.flushing is not None  # started at once, not at the flush tick
+        await a.writes.flushing
+        assert await b.index.lookup("m", [51, 52]) == {"http://e2": 2}
+        assert await b.index.lookup("m", [41, 42]) == {"http://e1": 2}  # queued went too
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_occupancy_and_tail_age_come_from_the_shared_capacity_model(redis_server):
+    clock, a, b, _la, _lb = await pair(redis_server.url)  # capacity: 50 blocks a backend
+    try:
+        await b.index.lookup("m", [999])  # B serves the model but never records for e1
+        a.index.record("m", list(range(1, 31)), "http://e1")  # 30 of 50 blocks: room left
+        await written(a)
+        await b.heartbeat()
+        assert b.index.occupancy("m", "http://e1") == pytest.approx(0.6)
+        assert b.index.tail_age("m", "http://e1") == float("inf")
+        clock.advance(2.0)
+        a.index.record("m", list(range(100, 130)), "http://e1")  # over capacity: trimmed
+        await written(a)
+        await a.heartbeat()
+        await b.heartbeat()
+        assert b.index.occupancy("m", "http://e1") == pytest.approx(1.0)
+        # the coldest block left was used at the first record, 2 s ago: the same for all
+        assert b.index.tail_age("m", "http://e1") == pytest.approx(2.0, abs=0.01)
+        assert a.index.tail_age("m", "http://e1") == pytest.approx(2.0, abs=0.01)
+        assert b.index.occupancy("m", "http://e2") == 0.0
+        a.index.drop_backend("http://e1")
+        await written(a)
+        await b.heartbeat()
+        assert b.index.occupancy("m", "http://e1") == 0.0
+        assert b.index.tail_age("m", "http://e1") == float("inf")
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_writes_ride_on_the_next_lookup_or_go_after_the_write_delay(redis_server):
+    clock, a, b, _la, _lb = await pair(redis_server.url, store={"write_delay_ms": 400})
+    try:
+        a.index.record("m", [1, 2], "http://e1")
+        await a.writes.tick()
+        assert await b.index.lookup("m", [1, 2]) == {}  # still queued at A
+        trips = a.stats().round_trips
+        await a.index.lookup("m", [9])  # carries the queued write: one round trip for both
+        assert a.stats().round_trips == trips + 1
+        assert await b.index.lookup("m", [1, 2]) == {"http://e1": 2}
+        a.index.record("m", [3, 4], "http://e2")
+        await a.writes.tick()
+        assert await b.index.lookup("m", [3, 4]) == {}  # within the delay it waits
+        clock.advance(0.5)  # no lookup came: past the delay the write goes on its own
+        await a.writes.tick()
+        assert await b.index.lookup("m", [3, 4]) == {"http://e2": 2}
+        assert a.stats().round_trips == trips + 2
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_slow_redis_is_not_a_down_redis(redis_server):
+    _clock, a, b, _la, _lb = await pair(
+        redis_server.url, store={"near_cache_ttl_ms": 1000, "timeout_ms": 20,
+                                 "timeout_max_ms": 20}
+    )
+    try:
+        a.index.record("m", [4, 5, 6], "http://e1")
+        await written(a)
+        os.kill(redis_server.proc.pid, signal.SIGSTOP)  # a real server that answers late
+        try:
+            got = await b.index.lookup("m", [4, 5, 6])
+            assert got == {}  # routed on B's local state, which never saw the record
+            assert b.shared.slow_lookups == 1 and not b.index.degraded
+        finally:
+            os.kill(redis_server.proc.pid, signal.SIGCONT)
+        # the late reply still comes, and fills the near-cache
+        for _ in range(500):
+            if b.shared._late == 0:
+                break
+            await b.link.redis.ping()
+        assert not b.index.degraded
+        trips = b.stats().round_trips
+        assert await b.index.lookup("m", [4, 5, 6]) == {"http://e1": 3}
+        assert b.stats().round_trips == trips  # answered without asking Redis again
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_redis_down_routes_on_local_state_and_loses_no_write(redis_server):
+    clock, a, b, _la, _lb = await pair(redis_server.url)
+    try:
+        a.index.record("m", [7, 8, 9], "http://e1")
+        await written(a)
+        redis_server.stop()
+        assert await a.index.lookup("m", [7, 8, 9]) == {"http://e1": 3}  # its local table
+        assert a.index.degraded
+        a.index.record("m", [10, 11], "http://e2")  # queued, not lost
+        await a.writes.flush()  # down: not even tried
+        redis_server.start()  # back, and empty
+        await a.reconnect()
+        assert a.index.degraded  # not before its retry time
+        clock.advance(1.5)
+        await a.reconnect()
+        await b.reconnect()
+        assert not a.index.degraded and not b.index.degraded
+        await a.writes.flush()
+        assert await b.index.lookup("m", [10, 11]) == {"http://e2": 2}
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_password_auth(make_redis, monkeypatch):
+    srv = make_redis(password="s3cret")
+    monkeypatch.setenv("TEST_REDIS_PASSWORD", "s3cret")
+    auth = {"store": {"password_env": "TEST_REDIS_PASSWORD"}}
+    s, _ = await make(srv.url, "r", Clock(), **auth)
+    s.index.record("m", [1, 2], "http://e1")
+    await written(s)
+    assert await s.index.lookup("m", [1, 2]) == {"http://e1": 2}
+    assert not s.index.degraded
+    await s.close()
+    monkeypatch.setenv("TEST_REDIS_PASSWORD", "wrong")
+    bad, _ = await make(srv.url, "r", Clock(), **auth)
+    assert bad.index.degraded
+    assert await bad.index.lookup("m", [1, 2]) == {}
+    await bad.close()
+
+
+async def test_figures_published_for_the_operator(redis_server):
+    _clock, a, b, la, _lb = await pair(redis_server.url)
+    try:
+        la.start("http://e1", 0)
+        a.requested("m", list(range(1, 11)))
+        b.requested("m", list(range(1, 11)))  # same prefix through another router
+        b.requested("m", list(range(100, 105)))
+        await written(a)
+        await written(b)
+        assert a.observe is not None and b.observe is not None
+        a.observe(160, 120)
+        b.observe(80, 0)
+        for s in (a, b, a, b):  # the second round publishes the count the first one made
+            await s.publish()
+        r = aioredis.from_url(redis_server.url, decode_responses=True)
+        pubs = [await r.hgetall(f"prefixrouter:ns/m:router:{rid}") for rid in ("ra", "rb")]
+        await r.aclose()
+        figs = [RouterFigures.from_hash(p) for p in pubs]
+        fig = aggregate(figs, now=time.time(), ready_replicas=2, kv_capacity_tokens=800)
+        assert fig.routers == 2
+        assert fig.hit_rate == pytest.approx(0.5, abs=0.01)
+        # 15 distinct blocks of 16 tokens: a union, not 25 blocks
+        assert fig.cache_pressure == pytest.approx(15 * 16 / 1600, abs=0.02)
+        assert fig.load == 0.5
+        assert a.stats().working_set_tokens == 15 * 16
+    finally:
+        await a.close()
+        await b.close()
+
+
+def test_a_chain_travels_as_one_string_of_the_same_hex_words():
+    hashes = [0, 1, 2**64 - 1, 0xDEADBEEF]
+    assert chain_hex(hashes) == "".join(block_hex(h) for h in hashes)
+
+
+async def test_an_answer_recorded_after_its_prompt_stays_one_chain(redis_server):
+    _clock, a, b, _la, _lb = await pair(redis_server.url)  # capacity: 50 blocks a backend
+    try:
+        prompt, answer = list(range(1, 31)), list(range(31, 61))
+        a.index.record("m", prompt, "http://e1")
+        await written(a)
+        a.index.record("m", prompt + answer, "http://e1", known=len(prompt))  # 30 new blocks
+        await written(a)
+        # 60 blocks over a capacity of 50: the deepest go, never a block in the middle
+        assert await b.index.lookup("m", prompt + answer) == {"http://e1": 50}
+        assert await b.index.lookup("m", prompt) == {"http://e1": 30}
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_the_lookup_budget_follows_the_typical_lookup_time_within_its_bounds():
+    s = SharedStore(settings("redis://127.0.0.1:1/0", store={
+        "timeout_ms": 5, "timeout_max_ms": 40, "timeout_factor": 4}), LoadTracker(), "r")
+    idx = s.shared
+    assert idx.budget == pytest.approx(0.005)
+    for _ in range(200):
+        idx._timed(0.0003)  # a healthy Redis on the same network: the floor holds
+    assert idx.budget == pytest.approx(0.005)
+    for _ in range(200):
+        idx._timed(0.006)  # a busy host: every lookup takes 6 ms
+    assert idx.budget == pytest.approx(0.024, rel=0.05)
+    for _ in range(200):
+        idx._timed(1.0)  # a hanging Redis: never more than the cap
+    assert idx.budget == pytest.approx(0.040)
+    await s.link.close()

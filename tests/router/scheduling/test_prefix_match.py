@@ -1,0 +1,45 @@
+from prefix_router.scheduling import Ask, Candidate
+from prefix_router.scheduling.filters import load_limit
+from prefix_router.scheduling.scorers.prefix_match import PrefixMatch
+
+from .conftest import choose
+
+
+def test_the_score_is_the_matched_prefill_in_tokens() -> None:
+    cands = [Candidate("a", matched_blocks=3), Candidate("b")]
+    assert PrefixMatch(16)(cands, Ask(1, 10, 3)) == [48, 0]
+    assert PrefixMatch(16)([Candidate("a")], Ask(1, 10, 0)) is None  # a miss: nothing to say
+
+
+def test_the_owner_wins() -> None:
+    cands = [Candidate("a", 1), Candidate("b", 1, matched_blocks=100), Candidate("c", 0)]
+    d = choose(cands)
+    assert (d.backend, d.reason) == ("b", "hit")
+
+
+def test_overflow_keeps_affinity_among_the_backends_within_the_bound() -> None:
+    # The full owner is out, but a partial owner is preferred over a cold backend.
+    cands = [
+        Candidate("a", 0),
+        Candidate("b", 4, matched_blocks=100),
+        Candidate("c", 1, matched_blocks=60),
+        Candidate("d", 0),
+    ]
+    assert choose(cands).backend == "c"
+
+
+def test_one_shared_prompt_gets_no_monopoly() -> None:
+    # Every request shares one system prompt; with in-flight counting no backend passes the
+    # bound, so the prompt gets several owners.
+    names = list("abcdefgh")
+    in_flight = dict.fromkeys(names, 0)
+    owners = {"a"}
+    for _ in range(200):
+        cands = [Candidate(n, in_flight[n], matched_blocks=50 if n in owners else 0) for n in names]
+        d = choose(cands)
+        assert in_flight[d.backend] + 1 <= load_limit(cands, 0.25)
+        in_flight[d.backend] += 1
+        owners.add(d.backend)
+        if sum(in_flight.values()) > 40:  # requests complete, load stays ~40 in flight
+            in_flight[max(names, key=in_flight.__getitem__)] -= 1
+    assert len(owners) >= 4

@@ -1,0 +1,90 @@
+"""The request lifecycle: what an Attempt does to load and to the index on each path."""
+
+import json
+
+from prefix_router.attempt import Attempt
+from prefix_router.parsing import parse_request
+from prefix_router.scheduling import Scheduler
+
+BACKENDS = ["http://192.0.2.1:8000", "http://192.0.2.2:8000"]
+
+
+def _parsed(system: str = "S" * 4000, user: str = "hi"):
+    body = {
+        "model": "m",
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+    }
+    return parse_request(json.dumps(body).encode(), "chat")
+
+
+def _snapshot(sched: Scheduler) -> tuple[int, dict[str, int], dict[str, float]]:
+    probe = sched.index.table("m")  # type: ignore[attr-defined]
+    return (
+        len(probe),
+        {b: probe.owned_blocks(b) for b in BACKENDS},
+        {b: sched.load.inflight(b) for b in BACKENDS},
+    )
+
+
+async def test_a_request_right_behind_follows_one_not_yet_answered(make_scheduler):
+    sched = make_scheduler(BACKENDS, 100_000)
+    first = await sched.route(_parsed())
+    assert first.decision.reason == "miss"
+    with Attempt(sched, first, first.decision.backend):
+        # sent, no answer yet: the index has nothing, but the pending hold is seen
+        assert sched.index.entries() == 0
+        behind = await sched.route(_parsed(user="another question"))
+        assert (behind.decision.backend, behind.decision.reason) == (first.decision.backend, "hit")
+    assert len(sched.pending) == 0
+
+
+async def test_a_2xx_records_the_prompt_and_the_answer_the_next_turn(
+    make_scheduler,
+):
+    sched = make_scheduler(BACKENDS, 100_000)
+    route = await sched.route(_parsed())
+    with Attempt(sched, route, route.decision.backend) as a:
+        a.answered(200)
+        assert sched.index.entries() == 0  # headers alone: the prefill may not be done
+        a.first_byte(streamed=True)
+        after_prompt = sched.index.entries()
+        assert after_prompt == len(route.hashes)
+        a.done("an answer " * 50, (1000, 0))
+    assert sched.index.entries() > after_prompt  # the next turn's prefix, for the same backend
+    assert sched.load.inflight(route.decision.backend) == 0
+    assert sched.load.pending_prefill(route.decision.backend) == 0
+
+
+async def test_failures_and_refusals_leave_the_index_as_it_was(make_scheduler):
+    sched = make_scheduler(BACKENDS, 100_000)
+    warm = await sched.route(_parsed())
+    with Attempt(sched, warm, warm.decision.backend) as a:
+        a.answered(200)
+        a.first_byte(streamed=False)
+        a.done(None, None)
+    before = _snapshot(sched)
+    for outcome in ("refused", "client_gone", "status"):
+        route = await sched.route(_parsed(user=f"a longer question {outcome} " * 40))
+        other = next(b for b in BACKENDS if b != route.decision.backend)
+        with Attempt(sched, route, other) as a:
+            if outcome == "status":
+                a.answered(400)  # the engine refused it
+                a.first_byte(streamed=False)
+                a.failed("status_400", at_fault=False)
+            elif outcome == "refused":
+                a.failed("connect_error")
+            else:
+                a.answered(200)  # the client leaves after the headers, before any token
+        assert _snapshot(sched) == before, outcome
+    assert len(sched.pending) == 0
+
+
+async def test_a_closed_attempt_releases_its_load_once(make_scheduler):
+    sched = make_scheduler(BACKENDS, 100_000)
+    route = await sched.route(_parsed())
+    b = route.decision.backend
+    a = Attempt(sched, route, b)
+    assert sched.load.inflight(b) == 1 and sched.load.pending_prefill(b) > 0
+    a.close()
+    a.close()
+    assert sched.load.inflight(b) == 0 and sched.load.pending_prefill(b) == 0

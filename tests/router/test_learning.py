@@ -1,0 +1,135 @@
+"""What the index learns from the engines' reports: sizing from prompt_tokens, and each
+engine's real cache (how long it keeps a block, how much it holds) from cached_tokens."""
+
+import json
+import math
+
+from prefix_router.attempt import Attempt
+from prefix_router.index.learning import EngineCache
+from prefix_router.index.local import LocalIndex
+from prefix_router.index.table import OwnershipTable
+from prefix_router.parsing import parse_request
+from prefix_router.sizing import Sizing
+
+
+def test_bytes_per_token_follow_the_engines_counts() -> None:
+    s = Sizing(16, 64, 4.0, exact=False)
+    assert s.block_tokens == 16
+    moved = [s.learn(2900, 1000) for _ in range(300)]  # a tokenizer of 2.9 bytes a token
+    assert abs(s.bytes_per_token - 2.9) < 0.01
+    assert abs(s.block_tokens - 64 / 2.9) < 0.1
+    assert any(moved) and not all(moved)  # the capacity model follows in steps, not per call
+    assert not s.learn(100_000, 10)  # a garbled count is not trusted
+    exact = Sizing(16, 64, 4.0, exact=True)
+    assert not exact.learn(2900, 1000) and exact.block_tokens == 16
+
+
+def test_an_engine_that_drops_blocks_sooner_than_modelled_is_learned() -> None:
+    e = EngineCache()
+    assert not e.observe(30.0, predicted=10, held=10, full=False)  # consistent: nothing
+    assert e.observe(20.0, predicted=10, held=3, full=False)  # dropped a block <= 20 s old
+    assert e.keep_s == 20.0
+    e.observe(12.0, predicted=10, held=0, full=False)
+    assert 12.0 < e.keep_s < 20.0  # a step toward the new evidence
+    keep = e.keep_s
+    e.observe(keep + 8.0, predicted=5, held=5, full=False)  # it kept an older one after all
+    assert e.keep_s > keep
+
+
+def test_an_engine_larger_than_modelled_grows_the_model_only_when_full() -> None:
+    e = EngineCache()
+    assert not e.observe(5.0, predicted=2, held=8, full=False)  # the index just did not know
+    assert e.observe(5.0, predicted=2, held=8, full=True)
+    assert e.scale > 1.0 and e.keep_s == math.inf
+    for _ in range(100):
+        e.observe(5.0, predicted=2, held=8, full=True)
+    assert e.scale == 4.0  # bounded
+
+
+def test_the_table_drops_what_its_engine_no_longer_keeps() -> None:
+    t = OwnershipTable(block_tokens=16, capacity_tokens=16 * 100)
+    chain = list(range(1, 11))
+    t.record(chain[5:], "a", now=0.0)  # the tail first, older
+    t.record(chain[:5], "a", now=50.0)
+    t.record(chain, "b", now=0.0)
+    assert t.match(chain, now=60.0) == {"a": 10, "b": 10}
+    t.limit("a", 0, keep_s=30.0)  # a's engine keeps an unused block for under 30 s
+    assert t.match(chain, now=60.0) == {"a": 5, "b": 10}
+    assert t.expire(now=60.0) == 5
+    t.limit("b", 4, keep_s=math.inf)  # b's engine holds 4 blocks
+    assert t.match(chain, now=60.0) == {"a": 5, "b": 4}
+
+
+async def test_a_reported_cache_miss_corrects_the_index(make_scheduler) -> None:
+    # the index says backend a holds the system prompt; a's engine answers that it held none
+    # of it (it restarted, or its cache is smaller): the index stops sending its prefix there
+    # as a hit, for this prefix and for the others a held as long
+    sched = make_scheduler(["http://192.0.2.1:8000", "http://192.0.2.2:8000"], 1_000_000)
+    index = sched.index
+    assert isinstance(index, LocalIndex)
+
+    def chat(system: str, user: str):
+        body = {"model": "m", "messages": [{"role": "system", "content": system},
+                                           {"role": "user", "content": user}]}  # fmt: skip
+        return parse_request(json.dumps(body).encode(), "chat")
+
+    clock = [1000.0]
+    index._clock = lambda: clock[0]  # type: ignore[method-assign]
+    first = await sched.route(chat("S" * 4000, "one"))
+    other = await sched.route(chat("T" * 4000, "two"))
+    index.record("m", other.hashes, "http://192.0.2.1:8000")
+    clock[0] += 10.0
+    index.record("m", first.hashes, "http://192.0.2.1:8000")
+    clock[0] += 40.0
+    again = await sched.route(chat("S" * 4000, "three"))
+    assert again.decision.reason == "hit" and again.age is not None and again.age >= 40.0
+    with Attempt(sched, again, again.decision.backend) as a:
+        a.answered(200)
+        a.first_byte(streamed=False)
+        a.done(None, (int(again.prompt_tokens), 0))  # the engine held nothing of it
+    # the other prefix, older still, is no longer taken as held there
+    assert await index.lookup("m", other.hashes) == {}
+
+
+async def test_a_prompt_held_whole_is_not_a_correction_for_its_last_block(tokenizer_dir) -> None:
+    # an engine computes at least a prompt's last token (vLLM caps a hit at prompt - 1): of a
+    # prompt held whole, block-aligned, it reports one block less, and has dropped nothing
+    from prefix_router.backends import BackendSet
+    from prefix_router.config import RouterSettings
+    from prefix_router.load import LoadTracker
+    from prefix_router.metrics import RouterMetrics
+    from prefix_router.scheduling import Scheduler
+    from prefix_router.store import local_index
+
+    s = RouterSettings(kv_capacity_tokens=100_000, tokenizer=str(tokenizer_dir),
+                       cached_tokens_reported=True)
+    members = BackendSet()
+    members.set_members(["http://192.0.2.1:8000"])
+    sched = Scheduler(s, members, local_index(s), LoadTracker(), RouterMetrics())
+    index = sched.index
+    assert isinstance(index, LocalIndex)
+    clock = [1000.0]
+    index._clock = lambda: clock[0]  # type: ignore[method-assign]
+    for words in range(40, 400):  # a prompt whose token count is a multiple of the block
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi " * words}]}
+        parsed = parse_request(json.dumps(body).encode(), "chat")
+        first = await sched.route(parsed)
+        if int(first.prompt_tokens) % 16 == 0:
+            break
+    tokens = int(first.prompt_tokens)
+    with Attempt(sched, first, first.decision.backend) as a:
+        a.answered(200)
+        a.first_byte(streamed=False)
+        a.done(None, (tokens, None))
+    clock[0] += 30.0
+    again = await sched.route(parsed)
+    assert again.decision.matched_blocks == tokens // 16 and again.age == 30.0
+    with Attempt(sched, again, again.decision.backend) as a:
+        a.answered(200)
+        a.first_byte(streamed=False)
+        a.done(None, (tokens, tokens - 16))  # all but the last block, as vLLM reports it
+    corrections = sched.metrics.corrections.collect()[0].samples
+    assert not [x for x in corrections if x.name.endswith("_total") and x.value]
+    # nothing was learned that would make the index forget blocks 30 s old
+    assert await index.lookup("m", again.hashes) == {"http://192.0.2.1:8000": tokens // 16}
+    assert index._engines["http://192.0.2.1:8000"].keep_s == math.inf
