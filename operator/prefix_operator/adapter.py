@@ -22,14 +22,15 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
-from kubernetes_asyncio import client, config
 from pydantic import ValidationError
 
-from . import API_VERSION, KIND, cachestore
+from prefix_router.contract import RouterFigures
+
+from . import cachestore, kinds
 from . import external_metrics as em
 from .adapter_auth import (
     AUTH_CONFIGMAP_NAME,
@@ -41,9 +42,7 @@ from .adapter_auth import (
     server_ssl_context,
 )
 from .figures import STALE_AFTER_SECONDS
-from .kube import Kube, KubeError, path_of
-from .naming import store_key_prefix, store_url
-from .reconcile import _decode_secret
+from .kube import Kube, KubeError, connect
 from .spec import Model
 
 log = logging.getLogger("prefix_operator.adapter")
@@ -61,10 +60,10 @@ class ModelFigures:
         self.store_timeout = store_timeout
 
     async def models(self, namespace: str) -> list[dict[str, Any]]:
-        out = await self.kube.request("GET", path_of(API_VERSION, KIND, namespace))
+        out = await self.kube.request("GET", kinds.MODEL.path(namespace))
         return list((out or {}).get("items") or [])
 
-    async def published(self, body: dict[str, Any]) -> list[Mapping[str, str]]:
+    async def published(self, body: dict[str, Any]) -> list[RouterFigures]:
         """The model's router hashes; [] when they cannot be read (the model then gets no
         item, and the HPA holds, rather than a zero it would scale down on)."""
         try:
@@ -73,21 +72,11 @@ class ModelFigures:
             log.warning("skipping an unparseable PrefixRoutedModel: %s", e)
             return []
         try:
-            password = await self._password(model)
-            return await cachestore.read_published(
-                store_url(model), password, store_key_prefix(model), self.store_timeout
-            )
+            url, password = await cachestore.credentials(self.kube, model)
+            return await cachestore.read_published(url, password, model.key, self.store_timeout)
         except Exception as e:  # the store or its Secret: report no data, never fail the list
             log.warning("figures of %s unavailable: %s: %s", model.key, type(e).__name__, e)
             return []
-
-    async def _password(self, model: Model) -> str | None:
-        store = model.spec.cache_store
-        ref = store.password_secret_ref
-        if store.type != "external" or ref is None:
-            return None
-        secret = await self.kube.get("v1", "Secret", model.namespace, ref.name)
-        return _decode_secret(secret, ref.key)
 
 
 FIGURES = web.AppKey("figures", ModelFigures)
@@ -189,19 +178,11 @@ def make_app(
 # --------------------------------------------------------------------------- process
 
 
-async def connect(kubeconfig: str | None) -> Kube:
-    if kubeconfig:
-        cfg = client.Configuration()
-        await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-        return Kube(client.ApiClient(cfg))
-    return await Kube.connect()
-
-
 async def load_auth(args: argparse.Namespace, kube: Kube) -> RequestHeaderConfig:
     allowed = frozenset(n for n in (args.requestheader_allowed_names or "").split(",") if n)
     if args.requestheader_client_ca_file:
         return RequestHeaderConfig.from_ca_file(args.requestheader_client_ca_file, allowed)
-    cm = await kube.get("v1", "ConfigMap", AUTH_CONFIGMAP_NAMESPACE, AUTH_CONFIGMAP_NAME)
+    cm = await kube.get(kinds.CONFIG_MAP, AUTH_CONFIGMAP_NAMESPACE, AUTH_CONFIGMAP_NAME)
     if cm is None:
         raise SystemExit(
             f"ConfigMap {AUTH_CONFIGMAP_NAMESPACE}/{AUTH_CONFIGMAP_NAME} not "
@@ -225,7 +206,7 @@ def client_cert_auth(args: argparse.Namespace) -> ClientCertConfig | None:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    kube = await connect(args.kubeconfig)
+    kube = Kube(await connect(args.kubeconfig))
     runners: list[web.AppRunner] = []
     try:
         figures = ModelFigures(kube)

@@ -7,18 +7,43 @@ and no handler may hang on it.
 
 from __future__ import annotations
 
+import base64
 import re
-from collections.abc import Mapping
+from typing import Any
 
 import redis.asyncio as aioredis
 
-from .figures import ROUTER_KEY_INFIX
+from prefix_router.contract import RouterFigures, StoreKeys
+
+from . import kinds
+from .kube import Kube
+from .naming import store_url
+from .spec import Model
 
 _GLOB_SPECIAL = re.compile(r"([\\*?\[\]])")
 
 
 def glob_escape(text: str) -> str:
     return _GLOB_SPECIAL.sub(r"\\\1", text)
+
+
+def decode_secret(secret: dict[str, Any] | None, key: str) -> str | None:
+    if not secret:
+        return None
+    if key in (secret.get("stringData") or {}):
+        return secret["stringData"][key]
+    raw = (secret.get("data") or {}).get(key)
+    return base64.b64decode(raw).decode() if raw else None
+
+
+async def credentials(kube: Kube, model: Model) -> tuple[str, str | None]:
+    """The model's store URL, and the password from its Secret (an external store's)."""
+    store = model.spec.cache_store
+    ref = store.password_secret_ref
+    if store.type != "external" or ref is None:
+        return store_url(model), None
+    secret = await kube.get(kinds.SECRET, model.namespace, ref.name)
+    return store_url(model), decode_secret(secret, ref.key)
 
 
 def _client(url: str, password: str | None, timeout: float) -> aioredis.Redis:
@@ -59,18 +84,18 @@ async def delete_keys(url: str, password: str | None, prefix: str, timeout: floa
         await client.aclose()
 
 
-async def read_published(url: str, password: str | None, prefix: str,
-                         timeout: float) -> list[Mapping[str, str]]:
-    """The routers' figure hashes of one model (see figures.py)."""
+async def read_published(url: str, password: str | None, model_key: str,
+                         timeout: float) -> list[RouterFigures]:
+    """The figures each router of one model published (see figures.py)."""
     client = _client(url, password, timeout)
     try:
         keys = [k async for k in client.scan_iter(
-            match=glob_escape(prefix + ROUTER_KEY_INFIX) + "*", count=200)]
+            match=glob_escape(StoreKeys(model_key).figures_prefix) + "*", count=200)]
         if not keys:
             return []
         pipe = client.pipeline(transaction=False)
         for k in keys:
             pipe.hgetall(k)
-        return [h for h in await pipe.execute() if h]
+        return [RouterFigures.from_hash(h) for h in await pipe.execute() if h]
     finally:
         await client.aclose()

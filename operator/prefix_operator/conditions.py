@@ -25,8 +25,6 @@ DEGRADED = "Degraded"
 # Display order; Ready first because it is the one people and tools look for.
 ORDER = (READY, MODEL_SERVERS_READY, ROUTER_READY, CACHE_STORE_READY, AUTOSCALING_READY,
          PROGRESSING, DEGRADED)
-# Ready is the AND of these, in this order: the first False one explains Ready.
-READY_PARTS = (MODEL_SERVERS_READY, ROUTER_READY, CACHE_STORE_READY)
 
 
 @dataclass(frozen=True)

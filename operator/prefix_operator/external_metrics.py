@@ -5,8 +5,10 @@ Metrics are TOTALS per model, not ratios: the HPA sums the items it gets and, fo
 AverageValue target, asks for ceil(total / target) replicas. With the targets the operator
 renders (render.horizontal_pod_autoscaler) that division is the capacity model itself:
 
-    prefixrouter_working_set_tokens / (kvCapacityTokens x targetCachePressure)
-    prefixrouter_in_flight          / targetLoad
+    prefix_router_working_set_tokens / (kvCapacityTokens x targetCachePressure)
+    prefix_router_in_flight          / targetLoad
+
+The names are the contract's (prefix_router.contract), the same as the routers' own series.
 
 A model none of whose routers reported within the staleness window yields no item at all, so
 the HPA holds its replica count instead of scaling on a made-up zero.
@@ -20,16 +22,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from .figures import IN_FLIGHT, STALE_AFTER_SECONDS, UPDATED_AT, WORKING_SET_TOKENS, _num
+from prefix_router.contract import IN_FLIGHT_METRIC, WORKING_SET_METRIC, RouterFigures
+
+from .figures import STALE_AFTER_SECONDS, Totals, totals
 from .naming import MODEL_LABEL
 
 GROUP = "external.metrics.k8s.io"
 VERSION = "v1beta1"
 GROUP_VERSION = f"{GROUP}/{VERSION}"
 
-# One name per idea: the HPA, the docs and the routers' own figures say the same thing.
-WORKING_SET_METRIC = "prefixrouter_working_set_tokens"
-IN_FLIGHT_METRIC = "prefixrouter_in_flight"
 METRICS = (WORKING_SET_METRIC, IN_FLIGHT_METRIC)
 
 # The label that carries a model's namespace in its metrics (the HPA's selector names it, so
@@ -37,42 +38,12 @@ METRICS = (WORKING_SET_METRIC, IN_FLIGHT_METRIC)
 NAMESPACE_LABEL = "prefixrouter.io/namespace"
 
 
-# --------------------------------------------------------------------------- totals
-
-
-@dataclass(frozen=True)
-class Totals:
-    """One model's fleet-wide figures from its fresh routers."""
-
-    routers: int
-    working_set_tokens: float
-    in_flight: float
-    updated_at: float  # the newest publication, unix seconds
-
-    def value(self, metric: str) -> float:
-        if metric == WORKING_SET_METRIC:
-            return self.working_set_tokens
-        if metric == IN_FLIGHT_METRIC:
-            return self.in_flight
-        raise KeyError(metric)
-
-
-def totals(published: Sequence[Mapping[str, str]], *, now: float,
-           stale_after: float = STALE_AFTER_SECONDS) -> Totals | None:
-    """None when no router of the model reported within `stale_after` seconds."""
-    fresh = [h for h in published if now - _num(h, UPDATED_AT) <= stale_after]
-    if not fresh:
-        return None
-    return Totals(
-        routers=len(fresh),
-        # The routers share one ownership table, so each one's working set is model-wide:
-        # the largest is the most complete view, and a sum would count shared prefixes twice
-        # (figures.aggregate reads it the same way for status.routing).
-        working_set_tokens=max(_num(h, WORKING_SET_TOKENS) for h in fresh),
-        # Each router counts only the requests passing through itself: these add up.
-        in_flight=sum(_num(h, IN_FLIGHT) for h in fresh),
-        updated_at=max(_num(h, UPDATED_AT) for h in fresh),
-    )
+def value(t: Totals, metric: str) -> float:
+    if metric == WORKING_SET_METRIC:
+        return t.working_set_tokens
+    if metric == IN_FLIGHT_METRIC:
+        return t.in_flight
+    raise KeyError(metric)
 
 
 # --------------------------------------------------------------------------- label selectors
@@ -175,7 +146,7 @@ def rfc3339(unix_seconds: float) -> str:
 
 
 def metric_items(metric: str,
-                 models: Iterable[tuple[Mapping[str, str], Sequence[Mapping[str, str]]]],
+                 models: Iterable[tuple[Mapping[str, str], Sequence[RouterFigures]]],
                  selector: Selector, *, now: float,
                  stale_after: float = STALE_AFTER_SECONDS) -> list[dict[str, Any]]:
     """ExternalMetricValue items of `metric` for the (labels, published) pairs the selector
@@ -191,7 +162,7 @@ def metric_items(metric: str,
             "metricName": metric,
             "metricLabels": dict(labels),
             "timestamp": rfc3339(t.updated_at),
-            "value": quantity(t.value(metric)),
+            "value": quantity(value(t, metric)),
         })
     return items
 

@@ -1,26 +1,58 @@
-"""Live routing figures of one model (hit rate, cache pressure, load): pure aggregation.
+"""A model's figures from what its routers publish (contract.RouterFigures): pure aggregation.
 
-Each router replica publishes one Redis hash, `prefixrouter:<namespace>/<name>:router:<id>`,
-over a recent window (fields below, numbers as strings). The operator reads them on a timer
-and writes the aggregate to status.routing; the metrics adapter reads the same hashes.
+Each router replica publishes one hash over the working-set window. The operator turns them
+into status.routing (hit rate, cache pressure, load) on a timer; the metrics adapter serves
+their totals (working set, in flight) to the HPA. Both read them through totals(), so the two
+can never disagree on which routers count or how their figures add up.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-ROUTER_KEY_INFIX = "router:"
-PROMPT_TOKENS = "prompt_tokens"  # prompt tokens routed in the window
-CACHED_TOKENS = "cached_tokens"  # of which predicted to hit a cached prefix
-WORKING_SET_TOKENS = "working_set_tokens"  # model-wide working set seen from the shared table
-IN_FLIGHT = "in_flight"  # requests in flight through this router now
-UPDATED_AT = "updated_at"  # unix seconds of the publication
-STALE_AFTER_SECONDS = 60.0
+from prefix_router.contract import WORKING_SET_WINDOW_S, RouterFigures
+
+# A router silent for a whole working-set window has nothing to say about that window: it is
+# gone (stopped, or cut off from the store).
+STALE_AFTER_SECONDS = float(WORKING_SET_WINDOW_S)
+
+
+@dataclass(frozen=True)
+class Totals:
+    """One model's fleet-wide figures from its fresh routers."""
+
+    routers: int
+    prompt_tokens: float
+    cached_tokens: float
+    working_set_tokens: float
+    in_flight: float
+    updated_at: float  # the newest publication, unix seconds
+
+
+def totals(published: Sequence[RouterFigures], *, now: float,
+           stale_after: float = STALE_AFTER_SECONDS) -> Totals | None:
+    """None when no router of the model published within `stale_after` seconds."""
+    fresh = [f for f in published if now - f.updated_at <= stale_after]
+    if not fresh:
+        return None
+    return Totals(
+        routers=len(fresh),
+        prompt_tokens=sum(f.prompt_tokens for f in fresh),
+        cached_tokens=sum(f.cached_tokens for f in fresh),
+        # The routers share one ownership table, so each one's working set is model-wide: the
+        # largest is the most complete view, and a sum would count shared prefixes twice.
+        working_set_tokens=max(f.working_set_tokens for f in fresh),
+        # Each router counts only the requests passing through itself: these add up.
+        in_flight=sum(f.in_flight for f in fresh),
+        updated_at=max(f.updated_at for f in fresh),
+    )
 
 
 @dataclass(frozen=True)
 class Figures:
+    """status.routing: what `kubectl get prm` shows."""
+
     routers: int
     hit_rate: float | None
     cache_pressure: float | None
@@ -37,27 +69,17 @@ class Figures:
         return out
 
 
-def _num(h: Mapping[str, str], key: str) -> float:
-    try:
-        return float(h.get(key, 0) or 0)
-    except (TypeError, ValueError):
-        return 0.0
-
-
-def aggregate(published: Sequence[Mapping[str, str]], *, now: float, ready_replicas: int,
+def aggregate(published: Sequence[RouterFigures], *, now: float, ready_replicas: int,
               kv_capacity_tokens: int, stale_after: float = STALE_AFTER_SECONDS) -> Figures:
-    """Combine the routers' publications; a router silent for `stale_after` is gone."""
-    fresh = [h for h in published if now - _num(h, UPDATED_AT) <= stale_after]
-    if not fresh:
+    """Hit rate, cache pressure (working set / fleet KV capacity) and load (in flight per
+    ready model-server replica); None where the inputs cannot say."""
+    t = totals(published, now=now, stale_after=stale_after)
+    if t is None:
         return Figures(0, None, None, None)
-    prompt = sum(_num(h, PROMPT_TOKENS) for h in fresh)
-    cached = sum(_num(h, CACHED_TOKENS) for h in fresh)
-    hit_rate = round(cached / prompt, 3) if prompt > 0 else None
-    # Routers share one ownership table, so each one's working-set figure is model-wide:
-    # the largest is the most complete, and summing would count shared prefixes twice.
-    working_set = max(_num(h, WORKING_SET_TOKENS) for h in fresh)
     capacity = ready_replicas * kv_capacity_tokens
-    pressure = round(working_set / capacity, 3) if capacity > 0 else None
-    in_flight = sum(_num(h, IN_FLIGHT) for h in fresh)
-    load = round(in_flight / ready_replicas, 3) if ready_replicas > 0 else None
-    return Figures(len(fresh), hit_rate, pressure, load)
+    return Figures(
+        routers=t.routers,
+        hit_rate=round(t.cached_tokens / t.prompt_tokens, 3) if t.prompt_tokens > 0 else None,
+        cache_pressure=round(t.working_set_tokens / capacity, 3) if capacity > 0 else None,
+        load=round(t.in_flight / ready_replicas, 3) if ready_replicas > 0 else None,
+    )

@@ -12,8 +12,9 @@ from typing import Any
 import kopf
 
 from . import GROUP, PLURAL, VERSION
+from .children import WATCHED_KINDS
 from .config import OperatorConfig
-from .kube import Kube, KubeError
+from .kube import Kube, KubeError, connect
 from .naming import MANAGED_BY, MANAGED_BY_LABEL, MODEL_LABEL
 from .reconcile import Reconciler
 
@@ -21,20 +22,6 @@ log = logging.getLogger(__name__)
 
 FINALIZER = "prefixrouter.io/cache-cleanup"
 ANNOTATION_PREFIX = "prefixrouter.io"
-
-# The kinds a model owns, watched so that a hand edit or deletion is repaired at once and
-# status follows the Deployments' real state (the periodic resync is only the backstop).
-OWNED_RESOURCES: tuple[tuple[str, str, str], ...] = (
-    ("apps", "v1", "deployments"),
-    ("", "v1", "services"),
-    ("", "v1", "configmaps"),
-    ("", "v1", "serviceaccounts"),
-    ("rbac.authorization.k8s.io", "v1", "roles"),
-    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
-    ("policy", "v1", "poddisruptionbudgets"),
-    ("autoscaling", "v2", "horizontalpodautoscalers"),
-)
-
 
 class Runtime:
     """What the handlers share: created at startup, closed at cleanup."""
@@ -93,7 +80,7 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure_settings(settings)
-        rt.reconciler = Reconciler(await Kube.connect(), cfg, post_event)
+        rt.reconciler = Reconciler(Kube(await connect()), cfg, post_event)
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
@@ -144,9 +131,11 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
         post_event(raw, "Normal", "CacheKeysRemoved",
                    f"removed {removed} keys of this model from its cache store")
 
-    for group, version, plural in OWNED_RESOURCES:
-        @kopf.on.event(group, version, plural, registry=registry,
-                       id=f"owned-{plural}",
+    # Every kind a model owns (children.WATCHED_KINDS): a hand edit or deletion is repaired at
+    # once and status follows the Deployments' real state (the periodic resync is the backstop).
+    for kind in WATCHED_KINDS:
+        @kopf.on.event(kind.group, kind.version, kind.plural, registry=registry,
+                       id=f"owned-{kind.plural}",
                        labels={MANAGED_BY_LABEL: MANAGED_BY, MODEL_LABEL: kopf.PRESENT})
         async def owned_changed(namespace: str, labels: dict[str, str], **_: Any) -> None:
             rt.r.poke(namespace, labels[MODEL_LABEL])

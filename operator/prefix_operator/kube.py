@@ -2,7 +2,7 @@
 
 kopf brings no apply client, so this speaks the REST API through kubernetes_asyncio's
 ApiClient (auth, TLS and kubeconfig handling) with plain paths; the kinds the operator owns
-are few enough that their paths are a table rather than a discovery round trip.
+are few enough that their paths are a table (kinds.py) rather than a discovery round trip.
 """
 
 from __future__ import annotations
@@ -13,20 +13,8 @@ from typing import Any
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from . import API_VERSION, FIELD_MANAGER, KIND, PLURAL
-
-PLURALS: dict[str, str] = {
-    "ServiceAccount": "serviceaccounts",
-    "Role": "roles",
-    "RoleBinding": "rolebindings",
-    "ConfigMap": "configmaps",
-    "Secret": "secrets",
-    "Service": "services",
-    "Deployment": "deployments",
-    "PodDisruptionBudget": "poddisruptionbudgets",
-    "HorizontalPodAutoscaler": "horizontalpodautoscalers",
-    KIND: PLURAL,
-}
+from . import FIELD_MANAGER, kinds
+from .kinds import Kind
 
 # Errors worth retrying: conflicts, throttling, server-side trouble.
 TEMPORARY_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
@@ -44,12 +32,6 @@ class KubeError(Exception):
         return self.status in TEMPORARY_STATUSES or self.status == 0
 
 
-def path_of(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
-    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
-    path = f"{base}/namespaces/{namespace}/{PLURALS[kind]}"
-    return f"{path}/{name}" if name else path
-
-
 def _error(e: ApiException) -> KubeError:
     message = e.reason or ""
     reason = ""
@@ -62,20 +44,24 @@ def _error(e: ApiException) -> KubeError:
     return KubeError(int(e.status or 0), reason, message)
 
 
+async def connect(kubeconfig: str | None = None) -> client.ApiClient:
+    """The API client of every part (operator, leader election, metrics adapter): `kubeconfig`
+    when given, else in-cluster credentials when running in a pod, else $KUBECONFIG /
+    ~/.kube/config, which is what kopf uses too: all talk to one cluster as one user."""
+    if kubeconfig is None:
+        try:
+            config.load_incluster_config()
+            return client.ApiClient(client.Configuration.get_default_copy())
+        except config.ConfigException:
+            pass
+    cfg = client.Configuration()
+    await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    return client.ApiClient(cfg)
+
+
 class Kube:
     def __init__(self, api: client.ApiClient) -> None:
         self._api = api
-
-    @classmethod
-    async def connect(cls) -> Kube:
-        """In-cluster credentials when running in a pod, else $KUBECONFIG / ~/.kube/config."""
-        try:
-            config.load_incluster_config()
-            cfg = client.Configuration.get_default_copy()
-        except config.ConfigException:
-            cfg = client.Configuration()
-            await config.load_kube_config(client_configuration=cfg)
-        return cls(client.ApiClient(cfg))
 
     async def close(self) -> None:
         await self._api.close()
@@ -103,10 +89,9 @@ class Kube:
             raise _error(err)
         return json.loads(raw) if raw else None
 
-    async def get(self, api_version: str, kind: str, namespace: str,
-                  name: str) -> dict[str, Any] | None:
+    async def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return await self.request("GET", path_of(api_version, kind, namespace, name))
+            return await self.request("GET", kind.path(namespace, name))
         except KubeError as e:
             if e.status == 404:
                 return None
@@ -116,16 +101,16 @@ class Kube:
         """Server-side apply as field manager prefix-operator; force takes fields back from
         whoever changed them by hand (that is what repairing drift means)."""
         meta = obj["metadata"]
-        path = path_of(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        path = kinds.of(obj).path(meta["namespace"], meta["name"])
         query = [("fieldManager", FIELD_MANAGER), ("force", "true" if force else "false")]
         out = await self.request("PATCH", path, body=obj, query=query,
                                  content_type="application/apply-patch+yaml")
         assert out is not None
         return out
 
-    async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+    async def delete(self, kind: Kind, namespace: str, name: str) -> bool:
         try:
-            await self.request("DELETE", path_of(api_version, kind, namespace, name),
+            await self.request("DELETE", kind.path(namespace, name),
                                body={"propagationPolicy": "Background"})
             return True
         except KubeError as e:
@@ -134,13 +119,13 @@ class Kube:
             raise
 
     async def get_model(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return await self.get(API_VERSION, KIND, namespace, name)
+        return await self.get(kinds.MODEL, namespace, name)
 
     async def patch_model_status(self, namespace: str, name: str,
                                  status: dict[str, Any]) -> dict[str, Any] | None:
         """JSON merge patch of the status subresource (lists such as conditions are replaced
         whole, which is what we want: we always write the complete list)."""
-        path = path_of(API_VERSION, KIND, namespace, name) + "/status"
+        path = kinds.MODEL.path(namespace, name) + "/status"
         try:
             return await self.request("PATCH", path, body={"status": status},
                                       content_type="application/merge-patch+json")

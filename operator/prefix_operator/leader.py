@@ -42,12 +42,14 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.leaderelection.electionconfig import Config
 from kubernetes_asyncio.leaderelection.leaderelection import LeaderElection
 from kubernetes_asyncio.leaderelection.leaderelectionrecord import LeaderElectionRecord
 from kubernetes_asyncio.leaderelection.resourcelock.leaselock import LeaseLock
+
+from . import kube
 
 log = logging.getLogger("prefix_operator.leader")
 
@@ -112,18 +114,6 @@ def default_namespace(
     return ns or "default"
 
 
-async def connect() -> client.ApiClient:
-    """In-cluster credentials when running in a pod, else $KUBECONFIG / ~/.kube/config (what
-    kopf and kube.Kube use, so all three talk to the same cluster as the same user)."""
-    try:
-        config.load_incluster_config()
-        cfg = client.Configuration.get_default_copy()
-    except config.ConfigException:
-        cfg = client.Configuration()
-        await config.load_kube_config(client_configuration=cfg)
-    return client.ApiClient(cfg)
-
-
 def _utc_micro(ts: float) -> str:
     # The library formats local time and appends "Z"; a Lease must show UTC.
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -133,10 +123,12 @@ class TimedLeaseLock(LeaseLock):
     """The library's LeaseLock with a timeout per call, transport errors as failures, UTC
     timestamps, and the time of the last successful write by this candidate."""
 
-    def __init__(self, settings: LeaseSettings, api: client.ApiClient) -> None:
+    def __init__(self, settings: LeaseSettings, api: client.ApiClient,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(settings.name, settings.namespace, settings.identity, api)
         self.settings = settings
-        # time.monotonic() at the start of the last create/update that made us the holder.
+        self.clock = clock
+        # clock() at the start of the last create/update that made us the holder.
         self.held_since_write: float | None = None
 
     async def _call(self, coro: Awaitable[Any], what: str) -> Any:
@@ -161,7 +153,7 @@ class TimedLeaseLock(LeaseLock):
     async def create(
         self, name: str, namespace: str, election_record: LeaderElectionRecord
     ) -> bool:
-        started = time.monotonic()
+        started = self.clock()
         try:
             ok = bool(await self._call(super().create(name, namespace, election_record), "create"))
         except _TransportError:
@@ -170,7 +162,7 @@ class TimedLeaseLock(LeaseLock):
         return ok
 
     async def update(self, name: str, namespace: str, updated_record: LeaderElectionRecord) -> bool:
-        started = time.monotonic()
+        started = self.clock()
         try:
             ok = bool(await self._call(super().update(name, namespace, updated_record), "update"))
         except _TransportError:
@@ -271,7 +263,10 @@ def lost(reason: str) -> None:
 
 
 async def watchdog(
-    lock: TimedLeaseLock, settings: LeaseSettings, on_lost: Callable[[str], None] = lost
+    lock: TimedLeaseLock,
+    settings: LeaseSettings,
+    on_lost: Callable[[str], None] = lost,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> None:
     """While leading: exit once the last successful renewal is older than the renew deadline.
 
@@ -281,13 +276,13 @@ async def watchdog(
     interval = min(0.5, settings.retry_period / 4)
     while True:
         written = lock.held_since_write
-        if written is None or time.monotonic() - written > settings.renew_deadline:
+        if written is None or lock.clock() - written > settings.renew_deadline:
             on_lost(
                 f"no successful renewal of lease {settings.namespace}/{settings.name} "
                 f"within the renew deadline ({settings.renew_deadline:g} s)"
             )
             return
-        await asyncio.sleep(interval)
+        await sleep(interval)
 
 
 async def run_elected(
@@ -300,7 +295,7 @@ async def run_elected(
     """Wait for the Lease, then run `lead()` (kopf) while holding it. Returns the exit status
     for a graceful end (SIGTERM/SIGINT, or `lead` returning or failing); a lost Lease does not
     return (see lost())."""
-    api = api or await connect()
+    api = api or await kube.connect()
     lock = TimedLeaseLock(settings, api)
     health = StandbyHealth(health_url)
     loop = asyncio.get_running_loop()

@@ -17,7 +17,6 @@ CACHE_STORE = "cache-store"
 
 ROUTER_PORT = 8080
 REDIS_PORT = 6379
-STORE_KEY_PREFIX = "prefixrouter:"
 
 
 def model_server_name(model: Model) -> str:
@@ -70,7 +69,3 @@ def store_url(model: Model) -> str:
         return store.url
     return managed_store_url(model)
 
-
-def store_key_prefix(model: Model) -> str:
-    """Every Redis key of this model starts with this (routers write, the finalizer deletes)."""
-    return f"{STORE_KEY_PREFIX}{model.key}:"

@@ -8,7 +8,6 @@ the same model are serialised; bursts of child events coalesce into one run.
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import time
 from collections.abc import Callable
@@ -17,19 +16,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import cachestore, figures
+from prefix_router.contract import store_prefix
+
+from . import cachestore, children, figures, kinds
 from . import conditions as c
+from .children import Ref, possible_refs, ref_of, render_all
 from .config import OperatorConfig
 from .kube import Kube, KubeError
-from .naming import (
-    hpa_name,
-    model_server_name,
-    redis_name,
-    router_name,
-    store_key_prefix,
-    store_url,
-)
-from .render import possible_children, ref_of, render_all
+from .naming import store_url
 from .spec import Model
 from .status import Observed, compute_status, significant_changes
 from .validation import Problem, check_store_secret, validate
@@ -49,21 +43,12 @@ class Outcome:
     skipped: str = ""
 
 
-def _label(ref: tuple[str, str, str]) -> str:
-    return f"{ref[1]}/{ref[2]}"
+def _label(ref: Ref) -> str:
+    return f"{ref.kind.kind}/{ref.name}"
 
 
 def _owned_by(obj: dict[str, Any], uid: str) -> bool:
     return any(o.get("uid") == uid for o in obj["metadata"].get("ownerReferences") or [])
-
-
-def _decode_secret(secret: dict[str, Any] | None, key: str) -> str | None:
-    if not secret:
-        return None
-    if key in (secret.get("stringData") or {}):
-        return secret["stringData"][key]
-    raw = (secret.get("data") or {}).get(key)
-    return base64.b64decode(raw).decode() if raw else None
 
 
 def _changed(before: dict[str, Any], after: dict[str, Any]) -> bool:
@@ -91,8 +76,7 @@ class Reconciler:
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._poked: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._again: set[tuple[str, str]] = set()
-        self.runs = 0
-        self.last_run_monotonic = 0.0
+        self.runs = 0  # kopf's liveness probe reports it
 
     # ----------------------------------------------------------------- entry points
 
@@ -103,7 +87,6 @@ class Reconciler:
                 return await self._reconcile(namespace, name)
             finally:
                 self.runs += 1
-                self.last_run_monotonic = time.monotonic()
 
     def poke(self, namespace: str, name: str) -> None:
         """Reconcile soon, in the background: a child object changed or vanished."""
@@ -177,9 +160,11 @@ class Reconciler:
         ref = model.spec.cache_store.password_secret_ref
         if model.spec.cache_store.type != "external" or ref is None:
             return None
-        secret = await self.kube.get("v1", "Secret", model.namespace, ref.name)
+        secret = await self.kube.get(kinds.SECRET, model.namespace, ref.name)
         observed.store_problem = check_store_secret(model, secret)
-        return _decode_secret(secret, ref.key) if observed.store_problem is None else None
+        if observed.store_problem is not None:
+            return None
+        return cachestore.decode_secret(secret, ref.key)
 
     async def _apply_children(self, model: Model, body: dict[str, Any],
                               prev_status: dict[str, Any], observed: Observed,
@@ -187,11 +172,11 @@ class Reconciler:
         # A changed child while the spec's generation was already handled is drift (someone
         # edited or deleted it); otherwise it is this generation's rollout.
         drift = prev_status.get("observedGeneration") == model.generation
-        live: dict[tuple[str, str, str], dict[str, Any]] = {}
+        live: dict[Ref, dict[str, Any]] = {}
         desired = render_all(model, self.cfg)
         for obj in desired:
             ref = ref_of(obj)
-            before = await self.kube.get(*ref[:2], model.namespace, ref[2])
+            before = await self.kube.get(ref.kind, model.namespace, ref.name)
             try:
                 after = await self.kube.apply(obj)
             except KubeError as e:
@@ -200,7 +185,7 @@ class Reconciler:
                 # Something the schema let through and the API server refuses: say so in
                 # status and wait for a spec change (retrying would fail the same way).
                 observed.apply_problem = Problem(
-                    f"{ref[1]}Rejected", f"{_label(ref)} was rejected: {e.message}"[:1000])
+                    f"{ref.kind.kind}Rejected", f"{_label(ref)} was rejected: {e.message}"[:1000])
                 self.events(body, "Warning", observed.apply_problem.reason,
                             observed.apply_problem.message)
                 break
@@ -221,12 +206,12 @@ class Reconciler:
                     self.events(body, "Normal", "Updated", f"updated {_label(ref)}")
 
         wanted = {ref_of(o) for o in desired}
-        for ref in possible_children(model):
+        for ref in possible_refs(model):
             if ref in wanted:
                 continue
-            existing = await self.kube.get(*ref[:2], model.namespace, ref[2])
+            existing = await self.kube.get(ref.kind, model.namespace, ref.name)
             if existing is not None and _owned_by(existing, model.uid):
-                await self.kube.delete(*ref[:2], model.namespace, ref[2])
+                await self.kube.delete(ref.kind, model.namespace, ref.name)
                 outcome.pruned.append(_label(ref))
                 self.events(body, "Normal", "Pruned",
                             f"deleted {_label(ref)}, which the spec no longer needs")
@@ -236,30 +221,22 @@ class Reconciler:
             await self._observe_children(model, observed, live)
 
     async def _observe_children(self, model: Model, observed: Observed,
-                                live: dict[tuple[str, str, str], dict[str, Any]] | None = None,
-                                ) -> None:
+                                live: dict[Ref, dict[str, Any]] | None = None) -> None:
         live = dict(live or {})
-        for ref in self._status_refs(model):
-            if ref not in live:
-                obj = await self.kube.get(*ref[:2], model.namespace, ref[2])
+        for child in children.OBSERVED:
+            ref = child.ref(model)
+            if child.wanted(model) and ref not in live:
+                obj = await self.kube.get(ref.kind, model.namespace, ref.name)
                 if obj is not None:
                     live[ref] = obj
         self._fill_observed(model, observed, live)
 
     @staticmethod
-    def _status_refs(model: Model) -> list[tuple[str, str, str]]:
-        return [("apps/v1", "Deployment", model_server_name(model)),
-                ("apps/v1", "Deployment", router_name(model)),
-                ("apps/v1", "Deployment", redis_name(model)),
-                ("autoscaling/v2", "HorizontalPodAutoscaler", hpa_name(model))]
-
-    def _fill_observed(self, model: Model, observed: Observed,
-                       live: dict[tuple[str, str, str], dict[str, Any]]) -> None:
-        ms, rt, rd, hpa = self._status_refs(model)
-        observed.model_server = live.get(ms)
-        observed.router = live.get(rt)
-        observed.redis = live.get(rd) if model.spec.cache_store.type == "managed" else None
-        observed.hpa = live.get(hpa) if model.spec.autoscaling.enabled else None
+    def _fill_observed(model: Model, observed: Observed, live: dict[Ref, dict[str, Any]]) -> None:
+        for child in children.OBSERVED:
+            assert child.observed_as is not None
+            obj = live.get(child.ref(model)) if child.wanted(model) else None
+            setattr(observed, child.observed_as, obj)
 
     def _announce(self, body: dict[str, Any], before: list[dict[str, Any]] | None,
                   after: list[dict[str, Any]]) -> None:
@@ -275,19 +252,11 @@ class Reconciler:
 
     # ----------------------------------------------------------------- the cache store
 
-    async def _store_access(self, model: Model) -> tuple[str, str | None]:
-        password = None
-        ref = model.spec.cache_store.password_secret_ref
-        if model.spec.cache_store.type == "external" and ref is not None:
-            secret = await self.kube.get("v1", "Secret", model.namespace, ref.name)
-            password = _decode_secret(secret, ref.key)
-        return store_url(model), password
-
     async def remove_store_keys(self, body: dict[str, Any]) -> int:
         """Delete the model's keys from its store; raises when the store cannot be reached."""
         model = Model.from_body(body)
-        url, password = await self._store_access(model)
-        return await cachestore.delete_keys(url, password, store_key_prefix(model),
+        url, password = await cachestore.credentials(self.kube, model)
+        return await cachestore.delete_keys(url, password, store_prefix(model.key),
                                             self.cfg.store_timeout_seconds)
 
     async def refresh_figures(self, namespace: str, name: str) -> figures.Figures | None:
@@ -296,9 +265,9 @@ class Reconciler:
         if body is None or body["metadata"].get("deletionTimestamp"):
             return None
         model = Model.from_body(body)
-        url, password = await self._store_access(model)
+        url, password = await cachestore.credentials(self.kube, model)
         try:
-            published = await cachestore.read_published(url, password, store_key_prefix(model),
+            published = await cachestore.read_published(url, password, model.key,
                                                         self.cfg.store_timeout_seconds)
         except Exception as e:  # unreachable from here: keep the last figures, say nothing
             log.debug("figures of %s/%s unavailable: %s", namespace, name, e)

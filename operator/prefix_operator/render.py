@@ -1,20 +1,25 @@
-"""Manifests of everything a PrefixRoutedModel owns, as plain dicts: pure, no I/O.
+"""The bodies of everything a PrefixRoutedModel owns, as plain dicts: pure, no I/O.
 
-Each object is rendered whole and applied with server-side apply, so re-rendering is the way to
-repair drift and to roll a spec change: an object whose rendering did not change is a no-op on
-the API server (no new generation, no rollout).
+Each function returns one object's content without apiVersion, kind and metadata, which
+children.py adds from its table (the one place that says what a model owns). Each object is
+rendered whole and applied with server-side apply, so re-rendering is the way to repair drift
+and to roll a spec change: an object whose rendering did not change is a no-op on the API server
+(no new generation, no rollout).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 import yaml
 
+from prefix_router.contract import IN_FLIGHT_METRIC, WORKING_SET_METRIC, RouterSettings
+
 from . import API_VERSION, KIND
 from .config import OperatorConfig
-from .external_metrics import IN_FLIGHT_METRIC, NAMESPACE_LABEL, WORKING_SET_METRIC
+from .external_metrics import NAMESPACE_LABEL
 from .naming import (
     CACHE_STORE,
     CONFIG_HASH_ANNOTATION,
@@ -23,23 +28,35 @@ from .naming import (
     REDIS_PORT,
     ROUTER,
     ROUTER_PORT,
-    hpa_name,
     labels,
     model_server_name,
-    redis_name,
     router_name,
     selector_labels,
     store_url,
 )
 from .spec import Model
 
-Manifest = dict[str, Any]
+Body = dict[str, Any]
 
 ROUTER_CONFIG_DIR = "/etc/prefix-router"
 ROUTER_CONFIG_FILE = "router.yaml"
+ROUTER_CACHE_DIR = "/var/cache/prefix-router"
 MODELS_MOUNT = "/models"
 HF_HOME = "/root/.cache/huggingface"
 REDIS_PASSWORD_ENV = "REDIS_PASSWORD"
+
+# A router pod being replaced leaves the Service's endpoints when it starts terminating, and
+# kube-proxy needs a moment to stop sending it new connections: the preStop pause holds SIGTERM
+# back that long, then the router drains (readiness off, listener open through its grace
+# period) and the streams it still carries finish within the termination grace period.
+ROUTER_PRESTOP_SECONDS = 5
+ROUTER_TERMINATION_GRACE_SECONDS = 120
+# The router image's user (the Dockerfile's uid/gid 10001, as the chart runs its pods): nothing
+# is written at run time, so the root filesystem is read-only and no capability is kept.
+ROUTER_POD_SECURITY = {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
+                       "seccompProfile": {"type": "RuntimeDefault"}}
+ROUTER_CONTAINER_SECURITY = {"runAsNonRoot": True, "allowPrivilegeEscalation": False,
+                             "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
 
 # Env names the operator sets on the engine container; user env must not shadow them.
 ENGINE_ENV = (
@@ -51,45 +68,14 @@ ENGINE_ENV = (
     "HF_TOKEN",
 )
 
-# (apiVersion, kind) of every kind the operator may own, in apply order: identities and
-# config before the workloads that mount or use them.
-CHILD_KINDS: tuple[tuple[str, str], ...] = (
-    ("v1", "ServiceAccount"),
-    ("rbac.authorization.k8s.io/v1", "Role"),
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
-    ("v1", "ConfigMap"),
-    ("v1", "Service"),
-    ("apps/v1", "Deployment"),
-    ("policy/v1", "PodDisruptionBudget"),
-    ("autoscaling/v2", "HorizontalPodAutoscaler"),
-)
-
-
-def owner_reference(model: Model) -> dict[str, Any]:
-    # controller=true makes the model the one managing owner; blockOwnerDeletion lets a
-    # foreground deletion of the model wait for its children.
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "name": model.name,
-        "uid": model.uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
-def _meta(model: Model, name: str, component: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "name": name,
-        "namespace": model.namespace,
-        "labels": labels(model, component),
-        "ownerReferences": [owner_reference(model)],
-        **extra,
-    }
-
-
-def _obj(api_version: str, kind: str, metadata: dict[str, Any], **body: Any) -> Manifest:
-    return {"apiVersion": api_version, "kind": kind, "metadata": metadata, **body}
+# RouterSpec fields that shape the router's Deployment; every other one is the router setting
+# of the same name (router_settings).
+ROUTER_DEPLOYMENT_FIELDS = frozenset({"replicas", "image", "cpu", "memory"})
+# Router settings the operator derives from the engine when the spec leaves them unset.
+ROUTER_DERIVED_FIELDS = frozenset({"index", "tokenizer"})
+# Where vLLM publishes its KV events (--kv-events-config) and serves their replay.
+KV_EVENTS_PORT = 5557
+KV_REPLAY_PORT = 5558
 
 
 # --------------------------------------------------------------------------- model servers
@@ -128,9 +114,15 @@ def engine_command_args(model: Model) -> tuple[list[str] | None, list[str]]:
     if engine.type == "vllm":
         # Prefix caching and a block size equal to the router's: the router's block hashes then
         # line up with the engine's KV blocks, which is what makes a predicted hit a real one.
+        # The cached tokens of each answer, and the KV events, tell the routers what it holds.
+        events = {"enable_kv_cache_events": True, "publisher": "zmq",
+                  "endpoint": f"tcp://*:{KV_EVENTS_PORT}",
+                  "replay_endpoint": f"tcp://*:{KV_REPLAY_PORT}"}  # fmt: skip
         args = [engine_model_arg(model), "--served-model-name", served,
                 "--host", "0.0.0.0", "--port", str(engine.port),
-                "--enable-prefix-caching", "--block-size", block]
+                "--enable-prefix-caching", "--block-size", block,
+                "--enable-prompt-tokens-details",
+                "--kv-events-config", json.dumps(events, separators=(",", ":"))]
         if gpus > 1:
             args += ["--tensor-parallel-size", str(gpus)]
         if spec.model.revision:
@@ -146,6 +138,13 @@ def engine_command_args(model: Model) -> tuple[list[str] | None, list[str]]:
             args += ["--revision", spec.model.revision]
         return ["python3", "-m", "sglang.launch_server"], args + list(engine.args)
     return None, list(engine.args)
+
+
+def _kv_event_ports(model: Model) -> list[dict[str, Any]]:
+    if model.spec.engine.type != "vllm":
+        return []
+    return [{"name": "kv-events", "containerPort": KV_EVENTS_PORT, "protocol": "TCP"},
+            {"name": "kv-replay", "containerPort": KV_REPLAY_PORT, "protocol": "TCP"}]
 
 
 def _engine_env(model: Model) -> list[dict[str, Any]]:
@@ -180,7 +179,7 @@ def _probe(path: str, port: str, *, period: int, failures: int, timeout: int = 5
     return probe
 
 
-def model_server_deployment(model: Model, cfg: OperatorConfig) -> Manifest:
+def model_server_deployment(model: Model, cfg: OperatorConfig) -> Body:
     spec = model.spec
     res = spec.resources
     engine = spec.engine
@@ -196,7 +195,8 @@ def model_server_deployment(model: Model, cfg: OperatorConfig) -> Manifest:
         "image": engine_image(model, cfg),
         "args": args,
         "env": _engine_env(model),
-        "ports": [{"name": "http", "containerPort": engine.port, "protocol": "TCP"}],
+        "ports": [{"name": "http", "containerPort": engine.port, "protocol": "TCP"},
+                  *_kv_event_ports(model)],
         "resources": {"requests": requests, "limits": limits},
         # Model download and loading can take many minutes: the startup probe allows
         # startupTimeoutSeconds before liveness starts counting.
@@ -234,90 +234,107 @@ def model_server_deployment(model: Model, cfg: OperatorConfig) -> Manifest:
     if res.tolerations:
         pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True)
                                    for t in res.tolerations]
-    return _obj("apps/v1", "Deployment", _meta(model, model_server_name(model), MODEL_SERVER),
-                spec={
-                    "replicas": spec.replicas,
-                    "selector": {"matchLabels": selector_labels(model, MODEL_SERVER)},
-                    # A new pod must be Ready before an old one goes: no capacity dip while a
-                    # slow-loading model rolls (costs one spare GPU set during the roll).
-                    "strategy": {"type": "RollingUpdate",
-                                 "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-                    "template": {
-                        "metadata": {"labels": labels(model, MODEL_SERVER)},
-                        "spec": pod_spec,
-                    },
-                })
+    return {"spec": {
+        "replicas": spec.replicas,
+        "selector": {"matchLabels": selector_labels(model, MODEL_SERVER)},
+        # A new pod must be Ready before an old one goes: no capacity dip while a slow-loading
+        # model rolls (costs one spare GPU set during the roll).
+        "strategy": {"type": "RollingUpdate",
+                     "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+        "template": {"metadata": {"labels": labels(model, MODEL_SERVER)}, "spec": pod_spec},
+    }}
 
 
-def model_server_service(model: Model) -> Manifest:
+def model_server_service(model: Model, cfg: OperatorConfig) -> Body:
     # Headless: the routers pick the replica themselves, from this Service's EndpointSlices.
-    return _obj("v1", "Service", _meta(model, model_server_name(model), MODEL_SERVER), spec={
+    return {"spec": {
         "clusterIP": "None",
         "selector": selector_labels(model, MODEL_SERVER),
         "ports": [{"name": "http", "port": model.spec.engine.port, "targetPort": "http",
                    "protocol": "TCP"}],
-    })
+    }}
 
 
-def _pdb(model: Model, name: str, component: str) -> Manifest:
+def _pdb(model: Model, component: str) -> Body:
     # maxUnavailable 1 (not minAvailable) so that a single-replica component never blocks a
     # node drain forever, while a drain still takes replicas one at a time.
-    return _obj("policy/v1", "PodDisruptionBudget", _meta(model, name, component), spec={
-        "maxUnavailable": 1,
-        "selector": {"matchLabels": selector_labels(model, component)},
-    })
+    return {"spec": {"maxUnavailable": 1,
+                     "selector": {"matchLabels": selector_labels(model, component)}}}
+
+
+def model_server_pdb(model: Model, cfg: OperatorConfig) -> Body:
+    return _pdb(model, MODEL_SERVER)
+
+
+def router_pdb(model: Model, cfg: OperatorConfig) -> Body:
+    return _pdb(model, ROUTER)
 
 
 # --------------------------------------------------------------------------- router
 
 
-def router_settings(model: Model) -> dict[str, Any]:
-    """router.yaml: the keys of prefix_router.config.RouterSettings."""
+def router_settings(model: Model) -> RouterSettings:
+    """The router's settings: the spec's router settings and the wiring the operator decides.
+    Nothing else is set, so every other setting keeps the router's own default. A spec field
+    the router does not know fails here (its settings forbid extra keys), at render time."""
     spec = model.spec
-    r = spec.router
     store: dict[str, Any] = {"mode": "redis", "url": store_url(model)}
     if spec.cache_store.type == "external" and spec.cache_store.password_secret_ref:
         store["password_env"] = REDIS_PASSWORD_ENV
-    return {
+    tokenizer = router_tokenizer(model)
+    vllm = spec.engine.type == "vllm"
+    index = spec.router.index or ("events" if vllm and tokenizer else "corrected")
+    derived: dict[str, Any] = {"index": index}
+    if tokenizer:
+        derived["tokenizer"] = tokenizer
+    return RouterSettings.model_validate({
+        **spec.router.model_dump(exclude=ROUTER_DEPLOYMENT_FIELDS | ROUTER_DERIVED_FIELDS),
+        **derived,
+        # vLLM with --enable-prompt-tokens-details leaves the count out when it is 0
+        "cached_tokens_reported": vllm,
+        "health": {"path": spec.engine.health_path},
+        "events": {"port": KV_EVENTS_PORT, "replay_port": KV_REPLAY_PORT},
         "host": "0.0.0.0",
         "port": ROUTER_PORT,
         "models": [spec.model.name],
         "policy": "prefix",
-        "block_size": r.block_size,
-        "bytes_per_token": r.bytes_per_token,
-        "load_bound": r.load_bound,
-        "load_slack": r.load_slack,
-        "load_cost_tokens": r.load_cost_tokens,
-        "step_wait_tokens_per_ms": r.step_wait_tokens_per_ms,
-        "replicate_rate": r.replicate_rate,
-        "max_owners": r.max_owners,
-        "ttl_seconds": r.ttl_seconds,
-        "kv_capacity_tokens": r.kv_capacity_tokens,
         "model_key": model.key,
-        "discovery": {
-            "mode": "kubernetes",
-            "namespace": model.namespace,
-            "service": model_server_name(model),
-            "port": spec.engine.port,
-        },
+        "discovery": {"mode": "kubernetes", "namespace": model.namespace,
+                      "service": model_server_name(model), "port": spec.engine.port},
         "store": store,
-    }
+    })
+
+
+def router_tokenizer(model: Model) -> str | None:
+    """The tokenizer the routers key prefixes with: the spec's, else, for vLLM and SGLang, the
+    model's own (its Hugging Face repository, or its directory on the PVC, mounted into the
+    router pods too). None: byte blocks."""
+    spec = model.spec
+    if spec.router.tokenizer:
+        return spec.router.tokenizer
+    if spec.engine.type == "custom":
+        return None
+    if pvc_claim(model) is not None:
+        return engine_model_arg(model)
+    revision = f"@{spec.model.revision}" if spec.model.revision else ""
+    return f"hf://{engine_model_arg(model)}{revision}"
 
 
 def router_config_text(model: Model) -> str:
-    return yaml.safe_dump(router_settings(model), sort_keys=True)
+    """router.yaml: only the settings router_settings set (exclude_unset)."""
+    settings = router_settings(model).model_dump(mode="json", exclude_unset=True)
+    return yaml.safe_dump(settings, sort_keys=True)
 
 
 def config_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def router_configmap(model: Model) -> Manifest:
-    return _obj("v1", "ConfigMap", _meta(model, router_name(model), ROUTER),
-                data={ROUTER_CONFIG_FILE: router_config_text(model)})
+def router_configmap(model: Model, cfg: OperatorConfig) -> Body:
+    return {"data": {ROUTER_CONFIG_FILE: router_config_text(model)}}
 
 
-def router_deployment(model: Model, cfg: OperatorConfig) -> Manifest:
+def router_deployment(model: Model, cfg: OperatorConfig) -> Body:
     spec = model.spec
     r = spec.router
     env: list[dict[str, Any]] = []
@@ -325,6 +342,25 @@ def router_deployment(model: Model, cfg: OperatorConfig) -> Manifest:
     if spec.cache_store.type == "external" and ref is not None:
         env.append({"name": REDIS_PASSWORD_ENV,
                     "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    # The tokenizer: fetched from the hub at start (with the model's token, into a cache
+    # volume), or read from the model's PVC, mounted read-only.
+    tokenizer = router_tokenizer(model)
+    mounts = [{"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True},
+              {"name": "cache", "mountPath": ROUTER_CACHE_DIR}]
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": router_name(model)}},
+        {"name": "cache", "emptyDir": {"sizeLimit": "256Mi"}},
+    ]
+    env.append({"name": "PREFIX_ROUTER_CACHE", "value": ROUTER_CACHE_DIR})
+    hf = spec.model.hf_token_secret_ref
+    if tokenizer and tokenizer.startswith("hf://") and hf is not None:
+        env.append({"name": "HF_TOKEN",
+                    "valueFrom": {"secretKeyRef": {"name": hf.name, "key": hf.key}}})
+    claim = pvc_claim(model)
+    if tokenizer and claim is not None and tokenizer.startswith(MODELS_MOUNT):
+        mounts.append({"name": "models", "mountPath": MODELS_MOUNT, "readOnly": True})
+        volumes.append({"name": "models",
+                        "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
     container: dict[str, Any] = {
         "name": "router",
         "image": r.image or cfg.router_image,
@@ -335,7 +371,9 @@ def router_deployment(model: Model, cfg: OperatorConfig) -> Manifest:
                       "limits": {"memory": r.memory}},
         "livenessProbe": _probe("/healthz", "http", period=10, failures=3, timeout=2),
         "readinessProbe": _probe("/readyz", "http", period=2, failures=2, timeout=2),
-        "volumeMounts": [{"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True}],
+        "lifecycle": {"preStop": {"sleep": {"seconds": ROUTER_PRESTOP_SECONDS}}},
+        "securityContext": ROUTER_CONTAINER_SECURITY,
+        "volumeMounts": mounts,
     }
     if env:
         container["env"] = env
@@ -345,52 +383,51 @@ def router_deployment(model: Model, cfg: OperatorConfig) -> Manifest:
         # (and only them) through this hash.
         "annotations": {CONFIG_HASH_ANNOTATION: config_hash(router_config_text(model))},
     }
-    return _obj("apps/v1", "Deployment", _meta(model, router_name(model), ROUTER), spec={
+    return {"spec": {
         "replicas": r.replicas,
         "selector": {"matchLabels": selector_labels(model, ROUTER)},
         "strategy": {"type": "RollingUpdate",
                      "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
         "template": {"metadata": template_meta, "spec": {
             "serviceAccountName": router_name(model),
+            "securityContext": ROUTER_POD_SECURITY,
+            "terminationGracePeriodSeconds": ROUTER_TERMINATION_GRACE_SECONDS,
             "containers": [container],
-            "volumes": [{"name": "config", "configMap": {"name": router_name(model)}}],
+            "volumes": volumes,
             "enableServiceLinks": False,
         }},
-    })
+    }}
 
 
-def router_service(model: Model) -> Manifest:
-    return _obj("v1", "Service", _meta(model, router_name(model), ROUTER), spec={
+def router_service(model: Model, cfg: OperatorConfig) -> Body:
+    return {"spec": {
         "type": "ClusterIP",
         "selector": selector_labels(model, ROUTER),
         "ports": [{"name": "http", "port": ROUTER_PORT, "targetPort": "http", "protocol": "TCP"}],
-    })
+    }}
 
 
-def router_service_account(model: Model) -> Manifest:
-    return _obj("v1", "ServiceAccount", _meta(model, router_name(model), ROUTER))
+def router_service_account(model: Model, cfg: OperatorConfig) -> Body:
+    return {}
 
 
-def router_role(model: Model) -> Manifest:
+def router_role(model: Model, cfg: OperatorConfig) -> Body:
     # Discovery of model-server replicas is a watch on EndpointSlices, nothing more.
-    return _obj("rbac.authorization.k8s.io/v1", "Role", _meta(model, router_name(model), ROUTER),
-                rules=[{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
-                        "verbs": ["get", "list", "watch"]}])
+    return {"rules": [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+                       "verbs": ["get", "list", "watch"]}]}
 
 
-def router_role_binding(model: Model) -> Manifest:
-    return _obj("rbac.authorization.k8s.io/v1", "RoleBinding",
-                _meta(model, router_name(model), ROUTER),
-                roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                         "name": router_name(model)},
-                subjects=[{"kind": "ServiceAccount", "name": router_name(model),
-                           "namespace": model.namespace}])
+def router_role_binding(model: Model, cfg: OperatorConfig) -> Body:
+    return {"roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                        "name": router_name(model)},
+            "subjects": [{"kind": "ServiceAccount", "name": router_name(model),
+                          "namespace": model.namespace}]}
 
 
 # --------------------------------------------------------------------------- cache store
 
 
-def redis_deployment(model: Model, cfg: OperatorConfig) -> Manifest:
+def redis_deployment(model: Model, cfg: OperatorConfig) -> Body:
     mib = model.spec.cache_store.max_memory_mi_b
     container = {
         "name": "redis",
@@ -407,23 +444,23 @@ def redis_deployment(model: Model, cfg: OperatorConfig) -> Manifest:
         "livenessProbe": {"tcpSocket": {"port": "redis"}, "periodSeconds": 10,
                           "failureThreshold": 3},
     }
-    return _obj("apps/v1", "Deployment", _meta(model, redis_name(model), CACHE_STORE), spec={
+    return {"spec": {
         "replicas": 1,
         "selector": {"matchLabels": selector_labels(model, CACHE_STORE)},
         # Never two Redis pods for one model: routers would split their table between them.
         "strategy": {"type": "Recreate"},
         "template": {"metadata": {"labels": labels(model, CACHE_STORE)},
                      "spec": {"containers": [container], "enableServiceLinks": False}},
-    })
+    }}
 
 
-def redis_service(model: Model) -> Manifest:
-    return _obj("v1", "Service", _meta(model, redis_name(model), CACHE_STORE), spec={
+def redis_service(model: Model, cfg: OperatorConfig) -> Body:
+    return {"spec": {
         "type": "ClusterIP",
         "selector": selector_labels(model, CACHE_STORE),
         "ports": [{"name": "redis", "port": REDIS_PORT, "targetPort": "redis",
                    "protocol": "TCP"}],
-    })
+    }}
 
 
 # --------------------------------------------------------------------------- autoscaling
@@ -433,7 +470,7 @@ def _milli(value: float) -> str:
     return f"{round(value * 1000)}m"
 
 
-def horizontal_pod_autoscaler(model: Model) -> Manifest:
+def horizontal_pod_autoscaler(model: Model, cfg: OperatorConfig) -> Body:
     spec = model.spec
     a = spec.autoscaling
     selector = {"matchLabels": {NAMESPACE_LABEL: model.namespace, MODEL_LABEL: model.name}}
@@ -454,67 +491,13 @@ def horizontal_pod_autoscaler(model: Model) -> Manifest:
             "metric": {"name": IN_FLIGHT_METRIC, "selector": selector},
             "target": {"type": "AverageValue", "averageValue": _milli(a.target_load)}}},
     ]
-    return _obj("autoscaling/v2", "HorizontalPodAutoscaler",
-                _meta(model, hpa_name(model), MODEL_SERVER), spec={
-                    # The model itself is the target (scale subresource), so spec.replicas
-                    # stays the one source of truth for the model-server count.
-                    "scaleTargetRef": {"apiVersion": API_VERSION, "kind": KIND,
-                                       "name": model.name},
-                    "minReplicas": max(1, spec.min_replicas),
-                    "maxReplicas": spec.max_replicas,
-                    "metrics": metrics,
-                    "behavior": {"scaleDown": {
-                        "stabilizationWindowSeconds": a.scale_down_stabilization_seconds}},
-                })
-
-
-# --------------------------------------------------------------------------- all together
-
-
-def render_all(model: Model, cfg: OperatorConfig) -> list[Manifest]:
-    """Every object this model should own, in apply order."""
-    objs: list[Manifest] = [
-        router_service_account(model),
-        router_role(model),
-        router_role_binding(model),
-        router_configmap(model),
-        model_server_service(model),
-        router_service(model),
-    ]
-    managed_store = model.spec.cache_store.type == "managed"
-    if managed_store:
-        objs.append(redis_service(model))
-        objs.append(redis_deployment(model, cfg))
-    objs += [
-        model_server_deployment(model, cfg),
-        router_deployment(model, cfg),
-        _pdb(model, model_server_name(model), MODEL_SERVER),
-        _pdb(model, router_name(model), ROUTER),
-    ]
-    if model.spec.autoscaling.enabled:
-        objs.append(horizontal_pod_autoscaler(model))
-    return objs
-
-
-def possible_children(model: Model) -> list[tuple[str, str, str]]:
-    """(apiVersion, kind, name) of every object this model may own under some spec: what is
-    among them but not rendered for the current spec gets pruned."""
-    return [
-        ("v1", "ServiceAccount", router_name(model)),
-        ("rbac.authorization.k8s.io/v1", "Role", router_name(model)),
-        ("rbac.authorization.k8s.io/v1", "RoleBinding", router_name(model)),
-        ("v1", "ConfigMap", router_name(model)),
-        ("v1", "Service", model_server_name(model)),
-        ("v1", "Service", router_name(model)),
-        ("v1", "Service", redis_name(model)),
-        ("apps/v1", "Deployment", redis_name(model)),
-        ("apps/v1", "Deployment", model_server_name(model)),
-        ("apps/v1", "Deployment", router_name(model)),
-        ("policy/v1", "PodDisruptionBudget", model_server_name(model)),
-        ("policy/v1", "PodDisruptionBudget", router_name(model)),
-        ("autoscaling/v2", "HorizontalPodAutoscaler", hpa_name(model)),
-    ]
-
-
-def ref_of(obj: Manifest) -> tuple[str, str, str]:
-    return obj["apiVersion"], obj["kind"], obj["metadata"]["name"]
+    return {"spec": {
+        # The model itself is the target (scale subresource), so spec.replicas stays the one
+        # source of truth for the model-server count.
+        "scaleTargetRef": {"apiVersion": API_VERSION, "kind": KIND, "name": model.name},
+        "minReplicas": max(1, spec.min_replicas),
+        "maxReplicas": spec.max_replicas,
+        "metrics": metrics,
+        "behavior": {"scaleDown": {
+            "stabilizationWindowSeconds": a.scale_down_stabilization_seconds}},
+    }}

@@ -85,6 +85,8 @@ class RouterSpec(_Spec):
     max_owners: int = 0
     ttl_seconds: int = 600
     kv_capacity_tokens: int = 0
+    index: Literal["approx", "corrected", "events"] | None = None
+    tokenizer: str | None = None
     cpu: str = "500m"
     memory: str = "512Mi"
 

@@ -22,6 +22,8 @@ _STUCK = ("ProgressDeadlineExceeded", "ReplicaFailure")
 
 @dataclass
 class Observed:
+    # The live children that feed a condition, filled by the reconciler from the rows of
+    # children.CHILDREN that name these fields (None: not there, or not wanted by the spec).
     model_server: dict[str, Any] | None = None
     router: dict[str, Any] | None = None
     redis: dict[str, Any] | None = None

@@ -6,6 +6,10 @@
   PREFIXROUTER_K8S_BUILD=1 to let the fixture run the (long, one-time) build itself.
 - Binaries unavailable: the tests FAIL with the script's error when $CI is set, else skip.
 - PREFIXROUTER_KEEP_CLUSTER_DIR=/path keeps certificates, kubeconfig and logs there.
+
+Every wait is scaled (tests/waiting.py): the control plane these fixtures hand out multiplies
+the timeout of each wait_for and kubectl call by waiting.scale(), and so does pytest-timeout's
+per-test limit for the tests here and in tests/operator.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from waiting import kubectl_timeout, scaled
 
 _CLUSTER_DIR = Path(__file__).resolve().parents[2] / "e2e" / "cluster"
 if str(_CLUSTER_DIR) not in sys.path:
@@ -24,6 +30,27 @@ if str(_CLUSTER_DIR) not in sys.path:
 
 import controlplane  # noqa: E402
 from controlplane import BinariesUnavailable, ControlPlane, ExistingCluster  # noqa: E402
+
+
+class _Patient:
+    """wait_for and kubectl with their timeouts scaled: the same waits, on a busy machine too."""
+
+    def wait_for(self, predicate: Any, timeout: float = 60.0, what: str = "condition",
+                 interval: float = 0.25) -> Any:
+        return super().wait_for(predicate, scaled(timeout), what, interval)  # type: ignore[misc]
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
+                timeout: float = 60) -> Any:
+        return super().kubectl(*args, input=input, check=check,  # type: ignore[misc]
+                               timeout=scaled(timeout))
+
+
+class PatientControlPlane(_Patient, ControlPlane):
+    pass
+
+
+class PatientExistingCluster(_Patient, ExistingCluster):
+    pass
 
 
 def _truthy(name: str) -> bool:
@@ -44,7 +71,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
     .env(), .node_names, .startup_seconds, .log_dir."""
     if _truthy("PREFIXROUTER_USE_EXISTING_CLUSTER"):
         try:
-            yield ExistingCluster()
+            yield PatientExistingCluster()
         except controlplane.ControlPlaneError as e:
             pytest.fail(f"PREFIXROUTER_USE_EXISTING_CLUSTER=1 but the cluster is unusable: {e}",
                         pytrace=False)
@@ -63,7 +90,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         work.mkdir(parents=True)
     else:
         work = tmp_path_factory.mktemp("controlplane")
-    cp = ControlPlane(bin_dir, work)
+    cp = PatientControlPlane(bin_dir, work, timeout=scaled(90))
     try:
         cp.start()
     except controlplane.ControlPlaneError as e:
@@ -90,7 +117,7 @@ def cp(control_plane: ControlPlane) -> ControlPlane:
         "-f", str(_CRD_PATH),
     )  # fmt: skip
     control_plane.kubectl(
-        "wait", "--for=condition=Established", "--timeout=30s",
+        "wait", "--for=condition=Established", f"--timeout={kubectl_timeout(30)}",
         "crd/prefixroutedmodels.prefixrouter.io",
     )  # fmt: skip
     return control_plane

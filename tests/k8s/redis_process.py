@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-import time
 from collections.abc import Iterator
 
 import redis
 from controlplane import free_port
+from waiting import wait_until
 
 
 @contextlib.contextmanager
@@ -21,16 +21,14 @@ def running_redis(binary: str, password: str | None = None) -> Iterator[int]:
         args += ["--requirepass", password]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     client = redis.Redis(port=port, password=password)
-    deadline = time.monotonic() + 10
+
+    def answers() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"redis-server exited ({proc.returncode})")
+        return bool(client.ping())
+
     try:
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+        wait_until(answers, 10, f"redis-server on port {port} to answer PING", interval=0.05)
         yield port
     finally:
         client.close()

@@ -44,6 +44,7 @@ from redis_process import running_redis
 from test_chart import CHART, container, helm, one, run_helm  # noqa: F401
 
 from prefix_operator import adapter as adapter_cli
+from prefix_router.contract import RouterFigures, StoreKeys
 
 pytestmark = pytest.mark.k8s
 
@@ -231,6 +232,19 @@ def adapter(
             sys.stderr.write(f"\n--- adapter log ({a.log_path}) ---\n{a.log()[-4000:]}\n")
 
 
+class _Dialled(http.client.HTTPSConnection):
+    """HTTPS for a URL's host and port, the connection made to 127.0.0.1:`dial` (no cluster
+    DNS here); TLS still checks the certificate against the URL's host (SNI too)."""
+
+    def __init__(self, host: str, port: int | None, dial: int, ctx: ssl.SSLContext) -> None:
+        super().__init__(host, port, timeout=5)
+        self.dial, self.ctx = dial, ctx
+
+    def connect(self) -> None:
+        raw = socket.create_connection(("127.0.0.1", self.dial), self.timeout)
+        self.sock = self.ctx.wrap_socket(raw, server_hostname=self.host)
+
+
 def keda_get(rel: Release, url: str, port: int) -> tuple[int, Any]:
     """GET `url` as KEDA's metrics-api trigger with authMode tls would: its client
     certificate, the adapter verified with `ca` for the URL's host, but the connection made to
@@ -238,11 +252,7 @@ def keda_get(rel: Release, url: str, port: int) -> tuple[int, Any]:
     parts = urllib.parse.urlsplit(url)
     ctx = ssl.create_default_context(cadata=rel.secret_param("ca").decode())
     ctx.load_cert_chain(str(rel.cert), str(rel.key))
-    conn = http.client.HTTPSConnection(parts.hostname or "", parts.port, context=ctx, timeout=5)
-    # Dial 127.0.0.1 instead of resolving the Service name; TLS still checks that name.
-    conn._create_connection = lambda _addr, *a, **kw: socket.create_connection(  # type: ignore[attr-defined]
-        ("127.0.0.1", port), *a, **kw
-    )
+    conn = _Dialled(parts.hostname or "", parts.port, port, ctx)
     try:
         conn.request("GET", f"{parts.path}?{parts.query}")
         resp = conn.getresponse()
@@ -253,9 +263,9 @@ def keda_get(rel: Release, url: str, port: int) -> tuple[int, Any]:
 
 def publish(store: redis.Redis, ns: str, name: str, working_set: int, in_flight: int,
             age: float = 0.0) -> None:  # fmt: skip
-    store.hset(f"prefixrouter:{ns}/{name}:router:r1", mapping={
-        "prompt_tokens": 1000, "cached_tokens": 500, "working_set_tokens": working_set,
-        "in_flight": in_flight, "updated_at": time.time() - age})  # fmt: skip
+    store.hset(StoreKeys(f"{ns}/{name}").figures("r1"), mapping=RouterFigures(
+        prompt_tokens=1000, cached_tokens=500, working_set_tokens=working_set,
+        in_flight=in_flight, updated_at=time.time() - age).as_hash())
 
 
 # --------------------------------------------------------------------------- tests
@@ -293,7 +303,7 @@ def test_keda_reads_our_values_at_value_location(
                  "cacheStore": {"type": "external", "url": f"redis://127.0.0.1:{port}/0"}},
     })  # fmt: skip
     publish(store, ns, "llama", working_set=123456, in_flight=7)
-    expected = {"prefixrouter_working_set_tokens": 123456, "prefixrouter_in_flight": 7}
+    expected = {"prefix_router_working_set_tokens": 123456, "prefix_router_in_flight": 7}
     for t in release.scaled["spec"]["triggers"]:
         url, location = t["metadata"]["url"], t["metadata"]["valueLocation"]
         metric = urllib.parse.urlsplit(url).path.rsplit("/", 1)[-1]

@@ -8,10 +8,10 @@ running containers, so the test runs what those pods would run, as processes on 
 
 Static checks: `helm lint --strict`, `helm template` with default values and with
 charts/prefix-router/ci/all-options-values.yaml, the schema rejecting bad values with helm's own
-error, RBAC derived from the operator's code (render.CHILD_KINDS, kube.PLURALS,
-handlers.OWNED_RESOURCES, the router Role it hands out), pod security on every container, the
-rendered arguments parsed by the real CLIs, `helm package` resolving the CRD symlink, and the
-Dockerfile against pyproject.toml and the chart's default image.
+error, the operator's RBAC equal to what its code needs (children.permissions(), from the one
+table of what a model owns, and the router Role it hands out), pod security on every container,
+the rendered arguments parsed by the real CLIs, `helm package` resolving the CRD symlink, and
+the Dockerfile against pyproject.toml and the chart's default image.
 """
 
 from __future__ import annotations
@@ -38,23 +38,23 @@ import pytest
 import redis
 import yaml
 from redis_process import running_redis
+from waiting import kubectl_timeout, scaled
 
 from prefix_operator import (
     GROUP,
     KIND,
     PLURAL,
     VERSION,
+    children,
     config,
     external_metrics,
-    figures,
-    handlers,
-    kube,
+    kinds,
     naming,
-    render,
 )
 from prefix_operator import adapter as adapter_cli
 from prefix_operator import cli as operator_cli
 from prefix_operator.spec import Model
+from prefix_router.contract import RouterFigures, StoreKeys, store_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "prefix-router"
@@ -92,8 +92,9 @@ def helm() -> str:
 
 def run_helm(helm: str, *args: str, env: dict[str, str] | None = None, check: bool = True,
              timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """helm, with `timeout` scaled (a --timeout among the args must be below it)."""
     proc = subprocess.run([helm, *args], capture_output=True, text=True, env=env,
-                          timeout=timeout, check=False)
+                          timeout=scaled(timeout), check=False)
     if check and proc.returncode != 0:
         raise AssertionError(f"helm {' '.join(args)} failed (exit {proc.returncode}):\n"
                              f"{proc.stderr}\n{proc.stdout}")
@@ -277,7 +278,7 @@ def test_all_options_render(all_objs: list[dict[str, Any]]) -> None:
     assert {urllib.parse.urlsplit(u).port for u in urls} == {adapter_svc_ports["client-ca"]}
     # ServiceMonitor: selects the router Services the operator renders, on their port.
     sm = one(all_objs, "ServiceMonitor")
-    router_svc = render.router_service(sample_model())
+    router_svc = rendered(sample_model(), kinds.SERVICE, "llama-router")
     svc_labels = router_svc["metadata"]["labels"]
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc_labels.items()
     assert sm["spec"]["targetLabels"] == [naming.MODEL_LABEL]
@@ -289,8 +290,8 @@ def test_all_options_render(all_objs: list[dict[str, Any]]) -> None:
     by_name = {r["name"]["as"]: r for r in rules["externalRules"]}
     assert set(by_name) == set(external_metrics.METRICS)
     exported = router_metric_names()
-    for metric, series, agg in ((external_metrics.IN_FLIGHT_METRIC, "prefix_router_inflight",
-                                 "sum("),
+    for metric, series, agg in ((external_metrics.IN_FLIGHT_METRIC,
+                                 "prefix_router_backend_in_flight", "sum("),
                                 (external_metrics.WORKING_SET_METRIC,
                                  "prefix_router_working_set_tokens", "max(")):
         rule = by_name[metric]
@@ -393,44 +394,50 @@ def allows(rules: list[dict[str, Any]], group: str, resource: str, verb: str) ->
     return False
 
 
+def rendered(model: Model, kind: kinds.Kind, name: str) -> dict[str, Any]:
+    return next(c.render(model, config.OperatorConfig()) for c in children.CHILDREN
+                if c.kind == kind and c.name(model) == name)
+
+
+def granted(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    """(group, resource, verb) the rules grant on every object (rules naming objects aside)."""
+    return {(g, res, v) for r in rules if not r.get("resourceNames")
+            for g in r["apiGroups"] for res in r["resources"] for v in r["verbs"]}
+
+
 def operator_permissions_needed() -> set[tuple[str, str, str]]:
     """(group, resource, verb) the operator uses, from its code, not from a hand list."""
-    needed: set[tuple[str, str, str]] = set()
-    # Everything a model may own, as rendered with every optional part on.
-    full = sample_model(autoscaling={"enabled": True, "targetCachePressure": 0.8},
-                        router={"kvCapacityTokens": 100000}, minReplicas=1)
-    rendered = {(o["apiVersion"], o["kind"])
-                for o in render.render_all(full, config.OperatorConfig())}
-    owned = rendered | set(render.CHILD_KINDS) | {(a, k) for a, k, _ in
-                                                  render.possible_children(full)}
-    for api_version, kind in owned:
-        group = api_version.rpartition("/")[0]
-        # get before apply, apply = patch (+ create for new objects), prune = delete,
-        # drift watchers = list + watch
-        for verb in ("get", "create", "patch", "delete", "list", "watch"):
-            needed.add((group, kube.PLURALS[kind], verb))
-    for group, _version, plural in handlers.OWNED_RESOURCES:
-        needed |= {(group, plural, "list"), (group, plural, "watch")}
-    # The models: kopf watches and patches them; status is patched.
+    # Its children: every kind in the table, with delete where the spec can turn one off.
+    needed = children.permissions()
+    # The models: kopf watches them and patches its finalizer and annotations; the reconciler
+    # reads them; status is patched.
     needed |= {(GROUP, PLURAL, v) for v in ("get", "list", "watch", "patch")}
     needed.add((GROUP, f"{PLURAL}/status", "patch"))
     # What the operator grants the routers it must hold itself (RBAC escalation check).
-    for rule in render.router_role(full)["rules"]:
-        for g in rule["apiGroups"]:
-            for res in rule["resources"]:
-                needed |= {(g, res, v) for v in rule["verbs"]}
+    role = next(c for c in children.CHILDREN if c.kind == kinds.ROLE)
+    for rule in role.render(sample_model(), config.OperatorConfig())["rules"]:
+        needed |= {(g, res, v) for g in rule["apiGroups"] for res in rule["resources"]
+                   for v in rule["verbs"]}
+    # The external store's password Secret (read), and the Events it posts on the models.
     needed |= {("", "secrets", "get"), ("", "events", "create")}
     return needed
 
 
-def test_operator_rbac_covers_what_the_operator_does(default_objs: list[dict[str, Any]],
-                                                     all_objs: list[dict[str, Any]]) -> None:
+# What kopf itself needs cluster-wide: it notices CRDs appearing and changing at run time.
+KOPF_CLUSTER = {("apiextensions.k8s.io", "customresourcedefinitions", v)
+                for v in ("list", "watch")}
+
+
+def test_operator_rbac_is_what_the_operator_does(default_objs: list[dict[str, Any]],
+                                                 all_objs: list[dict[str, Any]]) -> None:
+    """Exactly: a permission the code needs and the chart lacks fails the operator at run
+    time; one the chart grants and no code needs is privilege for nothing."""
     needed = operator_permissions_needed()
     # Cluster-wide: one ClusterRole.
-    cluster = one(default_objs, "ClusterRole", "-operator")["rules"]
-    missing = sorted(p for p in needed if not allows(cluster, *p))
-    assert not missing, f"the operator's ClusterRole lacks {missing}"
-    assert allows(cluster, "apiextensions.k8s.io", "customresourcedefinitions", "watch")
+    cluster = granted(one(default_objs, "ClusterRole", "-operator")["rules"])
+    assert not needed - cluster, f"the operator's ClusterRole lacks {sorted(needed - cluster)}"
+    assert cluster - KOPF_CLUSTER == needed, \
+        f"the operator's ClusterRole grants more: {sorted(cluster - KOPF_CLUSTER - needed)}"
     # Leader election: what kubernetes_asyncio's LeaseLock and our release do (read, create,
     # replace), on the release's Lease in the release namespace.
     op = container(one(default_objs, "Deployment", "-operator"))
@@ -450,11 +457,11 @@ def test_operator_rbac_covers_what_the_operator_does(default_objs: list[dict[str
     for role in by_kind(all_objs, "Role"):
         if role["metadata"]["name"].endswith("-leader-election"):
             continue
-        missing = sorted(p for p in needed if not allows(role["rules"], *p))
-        assert not missing, f"Role in {role['metadata']['namespace']} lacks {missing}"
+        have = granted(role["rules"])
+        assert have == needed, f"Role in {role['metadata']['namespace']}: lacks " \
+            f"{sorted(needed - have)}, grants more {sorted(have - needed)}"
     scoped = one(all_objs, "ClusterRole", "-operator")["rules"]
-    assert {g for r in scoped for g in r["apiGroups"]} == {"apiextensions.k8s.io", ""}
-    assert not allows(scoped, "", "secrets", "get")
+    assert granted(scoped) == KOPF_CLUSTER | {("", "namespaces", v) for v in ("list", "watch")}
 
 
 def test_operator_rbac_is_least_privilege(default_objs: list[dict[str, Any]]) -> None:
@@ -589,7 +596,8 @@ def test_server_side_dry_run(helm: str, control_plane: Any) -> None:
                "-f", str(CHART / "crds"))
     for crd in ("prefixroutedmodels.prefixrouter.io", "clusterkopfpeerings.kopf.dev",
                 "kopfpeerings.kopf.dev"):
-        cp.kubectl("wait", "--for=condition=Established", "--timeout=30s", f"crd/{crd}")
+        cp.kubectl("wait", "--for=condition=Established", f"--timeout={kubectl_timeout(30)}",
+                   f"crd/{crd}")
     values = yaml.safe_load(ALL_OPTIONS.read_text())
     namespaces = {*values["operator"]["watchNamespaces"], values["keda"]["namespace"],
                   values["serviceMonitor"]["namespace"], "prefix-router"}
@@ -707,13 +715,14 @@ def test_helm_install_runs_and_uninstall_cleans_up(
         # ------------------------------------------------------------ install
         # --take-ownership: another test may have left its own APIService of this group behind.
         run_helm(helm, "install", release, str(CHART), "--namespace", ns, "--wait",
-                 "--timeout", "90s", "--take-ownership",
+                 "--timeout", kubectl_timeout(90), "--take-ownership",
                  "--set", f"operator.watchNamespaces={{{ns}}}",
                  "--set", "adapter.apiService.enabled=true",
                  "--set", f"adapter.service.port={adapter_port}", env=env)
         installed = True
         for crd in (f"{PLURAL}.{GROUP}", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
-            cp.kubectl("wait", "--for=condition=Established", "--timeout=30s", f"crd/{crd}")
+            cp.kubectl("wait", "--for=condition=Established", f"--timeout={kubectl_timeout(30)}",
+                   f"crd/{crd}")
         if not crd_existed:
             assert cp.kubectl("get", "crd", f"{PLURAL}.{GROUP}").returncode == 0
         manifest = [d for d in yaml.safe_load_all(run_helm(
@@ -721,8 +730,8 @@ def test_helm_install_runs_and_uninstall_cleans_up(
         op_name = one(manifest, "Deployment", "-operator")["metadata"]["name"]
         ad_name = one(manifest, "Deployment", "-adapter")["metadata"]["name"]
         for d in (op_name, ad_name):
-            cp.kubectl("wait", "--for=condition=Available", "--timeout=60s", f"deployment/{d}",
-                       "-n", ns)
+            cp.kubectl("wait", "--for=condition=Available", f"--timeout={kubectl_timeout(60)}",
+                       f"deployment/{d}", "-n", ns, timeout=90)
         # Leader election, not peering: no peering object.
         assert not cp.kubectl_json("get", "kopfpeerings.kopf.dev", "-n", ns)["items"]
         lease_name = f"{op_name}-leader"
@@ -738,7 +747,7 @@ def test_helm_install_runs_and_uninstall_cleans_up(
 
         before = certs()
         run_helm(helm, "upgrade", release, str(CHART), "--namespace", ns, "--reuse-values",
-                 "--wait", "--timeout", "60s", env=env)
+                 "--wait", "--timeout", kubectl_timeout(60), env=env)
         assert certs() == before
 
         # ------------------------------------------------------------ run what the pods run
@@ -790,11 +799,12 @@ def test_helm_install_runs_and_uninstall_cleans_up(
                            "router": {"replicas": 1, "kvCapacityTokens": 100000},
                            "cacheStore": {"type": "external",
                                           "url": f"redis://127.0.0.1:{redis_port}/0"}}})
-        prefix = naming.store_key_prefix(sample_model(ns, name))
-        store.hset(f"{prefix}{figures.ROUTER_KEY_INFIX}router-0", mapping={
-            figures.PROMPT_TOKENS: 1000, figures.CACHED_TOKENS: 600,
-            figures.WORKING_SET_TOKENS: 4096, figures.IN_FLIGHT: 3,
-            figures.UPDATED_AT: time.time() + 120})  # fresh for the whole test
+        model_key = sample_model(ns, name).key
+        prefix = store_prefix(model_key)
+        # Stamped an hour ahead: fresh for the whole test, however slow the machine.
+        store.hset(StoreKeys(model_key).figures("router-0"), mapping=RouterFigures(
+            prompt_tokens=1000, cached_tokens=600, working_set_tokens=4096, in_flight=3,
+            updated_at=time.time() + 3600).as_hash())
 
         def metric(m: str) -> list[dict[str, Any]]:
             sel = urllib.parse.quote(f"{naming.MODEL_LABEL}={name}")
@@ -828,7 +838,8 @@ def test_helm_install_runs_and_uninstall_cleans_up(
         assert lease["spec"]["holderIdentity"] == "chart-test-operator"
 
         # The finalizer runs while the operator does: it removes the model's keys.
-        cp.kubectl("delete", "prm", name, "-n", ns, "--wait=true", "--timeout=60s")
+        cp.kubectl("delete", "prm", name, "-n", ns, "--wait=true",
+                   f"--timeout={kubectl_timeout(60)}", timeout=90)
         assert not list(store.scan_iter(match=prefix + "*"))
         for p in procs:
             p.alive()
@@ -843,7 +854,7 @@ def test_helm_install_runs_and_uninstall_cleans_up(
             p.stop()
         if installed:
             run_helm(helm, "uninstall", release, "--namespace", ns, "--wait", "--timeout",
-                     "60s", env=env, check=False)
+                     kubectl_timeout(60), env=env, check=False)
 
     # ---------------------------------------------------------------- uninstall cleaned up
     try:

@@ -7,6 +7,7 @@ import json
 import uuid
 
 import pytest
+from waiting import kubectl_timeout
 
 pytestmark = pytest.mark.k8s
 
@@ -147,7 +148,7 @@ CRD = {
 def test_crd_with_status_subresource(control_plane, namespace):
     cp = control_plane
     cp.apply(CRD)
-    cp.kubectl("wait", "--for=condition=Established", "--timeout=30s",
+    cp.kubectl("wait", "--for=condition=Established", f"--timeout={kubectl_timeout(30)}",
                "crd/widgets.cptest.prefixrouter.io")
     cr = {"apiVersion": "cptest.prefixrouter.io/v1", "kind": "Widget",
           "metadata": {"name": "w1", "namespace": namespace}, "spec": {"replicas": 1}}
@@ -177,7 +178,7 @@ def test_hpa_scales_a_custom_resource(control_plane, namespace):
     """The HPA controller (5s sync) drives a CR through its scale subresource."""
     cp = control_plane
     cp.apply(CRD)
-    cp.kubectl("wait", "--for=condition=Established", "--timeout=30s",
+    cp.kubectl("wait", "--for=condition=Established", f"--timeout={kubectl_timeout(30)}",
                "crd/widgets.cptest.prefixrouter.io")
     cr = {"apiVersion": "cptest.prefixrouter.io/v1", "kind": "Widget",
           "metadata": {"name": "scaled", "namespace": namespace}, "spec": {"replicas": 1}}
@@ -275,7 +276,7 @@ def test_aggregated_api_served_by_a_local_process(control_plane, tmp_path):
                      "caBundle": base64.b64encode(cp.ca_file.read_bytes()).decode(),
                      "groupPriorityMinimum": 100, "versionPriority": 100},
         })
-        cp.kubectl("wait", "--for=condition=Available", "--timeout=30s",
+        cp.kubectl("wait", "--for=condition=Available", f"--timeout={kubectl_timeout(30)}",
                    f"apiservice/v1beta1.{AGG_GROUP}")
         out = json.loads(cp.kubectl("get", "--raw", f"/apis/{gv}/namespaces/default/things")
                          .stdout)

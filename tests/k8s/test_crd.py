@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from waiting import kubectl_timeout
 
 pytestmark = pytest.mark.k8s
 
@@ -22,7 +23,8 @@ CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "prefixroutedmodel.yam
 def crd(control_plane: Any) -> dict[str, Any]:
     control_plane.kubectl("apply", "--server-side", "--force-conflicts",
                           "--field-manager=tests", "-f", str(CRD_PATH))
-    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=30s",
+    control_plane.kubectl("wait", "--for=condition=Established",
+                          f"--timeout={kubectl_timeout(30)}",
                           "crd/prefixroutedmodels.prefixrouter.io")
     return yaml.safe_load(CRD_PATH.read_text())
 
@@ -154,7 +156,7 @@ def test_printer_columns_and_short_name(control_plane: Any, ns: str) -> None:
     control_plane.kubectl("create", "-n", ns, "-f", "-", input=json.dumps(valid("cols")))
     out = control_plane.kubectl("get", "prm", "cols", "-n", ns).stdout
     header = out.splitlines()[0].split()
-    assert header == ["NAME", "READY", "REPLICAS", "HIT", "RATE", "PRESSURE", "AGE"]
+    assert header == ["NAME", "READY", "REPLICAS", "HIT", "RATE", "CACHE", "PRESSURE", "AGE"]
     wide = control_plane.kubectl("get", "prm", "cols", "-n", ns, "-o", "wide").stdout
     assert "REASON" in wide and "ROUTER" in wide
     cats = control_plane.kubectl("get", "prefixrouter", "-n", ns, "-o", "name").stdout

@@ -24,6 +24,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +32,12 @@ import pytest
 import redis
 from processes import MetricsAdapter, Operator
 from redis_process import running_redis
+from waiting import scaled
+
+from prefix_router.contract import RouterFigures, StoreKeys
 
 pytestmark = pytest.mark.k8s
 
-ROOT = Path(__file__).resolve().parents[2]
-CRD_PATH = ROOT / "crds" / "prefixroutedmodel.yaml"
 GV = "external.metrics.k8s.io/v1beta1"
 SERVICE = "prefix-metrics-adapter"
 # Short, so that the test of the HPA holding on stale data is quick; the stale-data test
@@ -48,14 +50,11 @@ PASSWORD = "adapter-s3cret"
 
 
 @pytest.fixture(scope="module")
-def cp(control_plane: Any) -> Any:
-    if not hasattr(control_plane, "expose_local_service"):
+def cp(cp: Any) -> Any:
+    """conftest's (the CRD applied), on the local control plane only."""
+    if not hasattr(cp, "expose_local_service"):
         pytest.skip("the adapter runs as a local process: needs the local control plane")
-    control_plane.kubectl("apply", "--server-side", "--force-conflicts",
-                          "--field-manager=tests", "-f", str(CRD_PATH))
-    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=30s",
-                          "crd/prefixroutedmodels.prefixrouter.io")
-    return control_plane
+    return cp
 
 
 def make_namespace(cp: Any, prefix: str) -> str:
@@ -147,13 +146,14 @@ def prm(cp: Any, ns: str, name: str, store: redis.Redis, **spec: Any) -> None:
 
 def publish(store: redis.Redis, ns: str, name: str,
             routers: dict[str, tuple[int, int]], age: float = 0.0) -> None:
-    """What router replicas publish (see prefix_operator/figures.py): per router id,
-    (working_set_tokens, in_flight), stamped `age` seconds ago."""
+    """What router replicas publish (contract.RouterFigures): per router id,
+    (working_set_tokens, in_flight), stamped `age` seconds ago (a negative age: ahead, so that
+    they stay fresh through several queries on a slow machine; STALE_AFTER is short)."""
     at = time.time() - age
     for rid, (working_set, in_flight) in routers.items():
-        store.hset(f"prefixrouter:{ns}/{name}:router:{rid}", mapping={
-            "prompt_tokens": 1000, "cached_tokens": 500, "working_set_tokens": working_set,
-            "in_flight": in_flight, "updated_at": at})
+        store.hset(StoreKeys(f"{ns}/{name}").figures(rid), mapping=RouterFigures(
+            prompt_tokens=1000, cached_tokens=500, working_set_tokens=working_set,
+            in_flight=in_flight, updated_at=at).as_hash())
 
 
 def raw(cp: Any, path: str) -> Any:
@@ -180,42 +180,42 @@ def test_discovery_through_the_aggregator(cp: Any, adapter: MetricsAdapter) -> N
     resources = raw(cp, f"/apis/{GV}")
     assert resources["kind"] == "APIResourceList"
     assert sorted(r["name"] for r in resources["resources"]) == [
-        "prefixrouter_in_flight", "prefixrouter_working_set_tokens"]
+        "prefix_router_in_flight", "prefix_router_working_set_tokens"]
     groups = {g["name"] for g in raw(cp, "/apis")["groups"]}
     assert "external.metrics.k8s.io" in groups
     out = cp.kubectl("api-resources", "--api-group=external.metrics.k8s.io", "-o", "name")
-    assert "prefixrouter_in_flight" in out.stdout
+    assert "prefix_router_in_flight" in out.stdout
 
 
 def test_values_per_model_by_label_selector(cp: Any, ns: str, store: redis.Redis,
                                             adapter: MetricsAdapter) -> None:
     prm(cp, ns, "alpha", store)
     prm(cp, ns, "beta", store)
-    publish(store, ns, "alpha", {"r1": (30000, 3), "r2": (45000, 4)})
-    publish(store, ns, "beta", {"r1": (1000, 1)})
+    publish(store, ns, "alpha", {"r1": (30000, 3), "r2": (45000, 4)}, age=-scaled(120))
+    publish(store, ns, "beta", {"r1": (1000, 1)}, age=-scaled(120))
 
-    items = metric(cp, ns, "prefixrouter_in_flight", f"prefixrouter.io/model=alpha,"
+    items = metric(cp, ns, "prefix_router_in_flight", f"prefixrouter.io/model=alpha,"
                    f"prefixrouter.io/namespace={ns}")
     assert len(items) == 1
     item = items[0]
-    assert item["metricName"] == "prefixrouter_in_flight"
+    assert item["metricName"] == "prefix_router_in_flight"
     assert item["value"] == "7"  # in flight adds up over the routers
     assert item["metricLabels"] == {"prefixrouter.io/model": "alpha",
                                     "prefixrouter.io/namespace": ns}
     assert item["timestamp"].endswith("Z")
     # the routers share one table: the widest view is the model's working set
-    assert by_model(metric(cp, ns, "prefixrouter_working_set_tokens",
+    assert by_model(metric(cp, ns, "prefix_router_working_set_tokens",
                            "prefixrouter.io/model=alpha")) == {"alpha": "45000"}
-    assert by_model(metric(cp, ns, "prefixrouter_in_flight")) == {"alpha": "7", "beta": "1"}
-    assert by_model(metric(cp, ns, "prefixrouter_in_flight",
+    assert by_model(metric(cp, ns, "prefix_router_in_flight")) == {"alpha": "7", "beta": "1"}
+    assert by_model(metric(cp, ns, "prefix_router_in_flight",
                            "prefixrouter.io/model in (beta,gamma)")) == {"beta": "1"}
     # the path's namespace bounds the answer
-    assert metric(cp, "default", "prefixrouter_in_flight", "prefixrouter.io/model=alpha") == []
+    assert metric(cp, "default", "prefix_router_in_flight", "prefixrouter.io/model=alpha") == []
     # an unknown metric and a malformed selector are API errors, not empty answers
     unknown = cp.kubectl("get", "--raw", f"/apis/{GV}/namespaces/{ns}/nope", check=False)
     assert unknown.returncode != 0 and "NotFound" in unknown.stderr
     bad = cp.kubectl("get", "--raw",
-                     f"/apis/{GV}/namespaces/{ns}/prefixrouter_in_flight?labelSelector=a%20in%20(b",
+                     f"/apis/{GV}/namespaces/{ns}/prefix_router_in_flight?labelSelector=a%20in%20(b",
                      check=False)
     assert bad.returncode != 0 and "BadRequest" in bad.stderr
 
@@ -231,17 +231,17 @@ def test_stale_missing_or_unreachable_figures_give_no_items(cp: Any, ns: str,
                                            "url": f"redis://127.0.0.1:{free_port()}/0"})
     publish(store, ns, "stale", {"r1": (5000, 9)}, age=600)
     for name in ("stale", "silent", "away"):
-        for m in ("prefixrouter_in_flight", "prefixrouter_working_set_tokens"):
+        for m in ("prefix_router_in_flight", "prefix_router_working_set_tokens"):
             assert metric(cp, ns, m, f"prefixrouter.io/model={name}") == [], (name, m)
     # one fresh router is enough; the stale one is left out of the total
-    publish(store, ns, "stale", {"r2": (100, 2)})
-    assert by_model(metric(cp, ns, "prefixrouter_in_flight",
+    publish(store, ns, "stale", {"r2": (100, 2)}, age=-scaled(120))
+    assert by_model(metric(cp, ns, "prefix_router_in_flight",
                            "prefixrouter.io/model=stale")) == {"stale": "2"}
 
 
 def test_only_the_front_proxy_gets_in(cp: Any, adapter: MetricsAdapter) -> None:
     base = f"https://127.0.0.1:{adapter.port}"
-    url = f"{base}/apis/{GV}/namespaces/default/prefixrouter_in_flight"
+    url = f"{base}/apis/{GV}/namespaces/default/prefix_router_in_flight"
     # no client certificate
     status, body = call(url, cp, headers={"X-Remote-User": "admin"})
     assert status == 401
@@ -277,14 +277,26 @@ def test_hpa_scales_the_model_on_our_metrics(cp: Any, hpa_ns: str, store: redis.
     op = Operator(cp, hpa_ns, tmp_path_factory.mktemp("operator"))
     op.start()
     try:
-        _hpa_end_to_end(cp, hpa_ns, store)
+        _hpa_end_to_end(cp, hpa_ns, store, adapter)
     finally:
         op.stop()
         if request.session.testsfailed:
             sys.stderr.write(f"\n--- operator log ({op.log_path}) ---\n{op.tail()}\n")
 
 
-def _hpa_end_to_end(cp: Any, ns: str, store: redis.Redis) -> None:
+def adapter_answers(adapter: MetricsAdapter, ns: str) -> int:
+    """How many metric requests for namespace `ns` the adapter has answered (it logs each one
+    with -v: "<namespace> <metric> <selector>: <n> of <m> models")."""
+    return sum(1 for line in adapter.log_path.read_text(errors="replace").splitlines()
+               if f" {ns} prefix_router_" in line and line.endswith(" models"))
+
+
+def stamp(value: str) -> float:
+    """A Kubernetes Time (RFC 3339, whole seconds, UTC) as unix seconds."""
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+
+
+def _hpa_end_to_end(cp: Any, ns: str, store: redis.Redis, adapter: MetricsAdapter) -> None:
     name = "auto"
     # Per replica: 100k KV tokens x 0.8 = 80k tokens of working set, 4 requests in flight.
     prm(cp, ns, name, store, minReplicas=1, maxReplicas=4,
@@ -294,9 +306,9 @@ def _hpa_end_to_end(cp: Any, ns: str, store: redis.Redis) -> None:
     hpa = cp.wait_for(lambda: get(cp, ns, "hpa", name), 30, "the operator's HPA")
     targets = {m["external"]["metric"]["name"]: m["external"]["target"]
                for m in hpa["spec"]["metrics"]}
-    assert targets["prefixrouter_working_set_tokens"] == {"type": "AverageValue",
+    assert targets["prefix_router_working_set_tokens"] == {"type": "AverageValue",
                                                           "averageValue": "80k"}
-    assert targets["prefixrouter_in_flight"]["type"] == "AverageValue"
+    assert targets["prefix_router_in_flight"]["type"] == "AverageValue"
 
     def scaled_to(n: int, figures: dict[str, tuple[int, int]] | None) -> dict[str, Any] | None:
         if figures is not None:  # the routers keep publishing while the HPA works
@@ -324,14 +336,22 @@ def _hpa_end_to_end(cp: Any, ns: str, store: redis.Redis) -> None:
                 "the HPA to scale the model to 4 on cache pressure", interval=0.5)
 
     # The routers fall silent: no values, so the HPA holds (it would scale down on zeros).
-    t_silent = time.monotonic()
+    keys = StoreKeys(f"{ns}/{name}")
+    last_published = max(RouterFigures.from_hash(store.hgetall(k)).updated_at
+                         for k in store.scan_iter(match=keys.figures_prefix + "*"))
     hpa = cp.wait_for(
         lambda: (h := get(cp, ns, "hpa", name)) and cond(h, "ScalingActive").get("reason")
         == "FailedGetExternalMetric" and h, 60, "the HPA to report the missing metrics",
         interval=0.5)
-    assert time.monotonic() - t_silent >= STALE_AFTER - 2  # not before the data went stale
+    # Not before the data went stale (the HPA's own record; whole seconds, hence the 1).
+    failed_at = stamp(cond(hpa, "ScalingActive")["lastTransitionTime"])
+    assert failed_at >= last_published + STALE_AFTER - 1, (failed_at, last_published)
     assert get(cp, ns, "prm", name)["spec"]["replicas"] == 4
-    time.sleep(6)  # more than one HPA sync (5 s) and the scale-down window (5 s)
+    # The HPA keeps asking and getting nothing, and holds: two more of its syncs (each one
+    # asks our adapter for both metrics; 5 s apart, so past the 5 s scale-down window too).
+    asked = adapter_answers(adapter, ns)
+    cp.wait_for(lambda: adapter_answers(adapter, ns) >= asked + 4, 60,
+                "two more HPA syncs without data", interval=0.5)
     assert get(cp, ns, "prm", name)["spec"]["replicas"] == 4
 
     # Load gone, routers back: down to minReplicas after the stabilisation window.

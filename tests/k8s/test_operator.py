@@ -18,7 +18,6 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,19 +26,10 @@ import yaml
 from processes import Operator
 from redis_process import running_redis
 
+from prefix_router.contract import RouterFigures, StoreKeys, store_prefix
+
 pytestmark = pytest.mark.k8s
 
-ROOT = Path(__file__).resolve().parents[2]
-CRD_PATH = ROOT / "crds" / "prefixroutedmodel.yaml"
-
-
-@pytest.fixture(scope="module")
-def cp(control_plane: Any) -> Any:
-    control_plane.kubectl("apply", "--server-side", "--force-conflicts",
-                          "--field-manager=tests", "-f", str(CRD_PATH))
-    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=30s",
-                          "crd/prefixroutedmodels.prefixrouter.io")
-    return control_plane
 
 
 @pytest.fixture(scope="module")
@@ -345,30 +335,36 @@ def test_external_store_figures_columns_and_finalizer(cp: Any, ns: str, operator
     assert cond(obj, "CacheStoreReady")["reason"] == "ExternalStoreReachable"
     assert get(cp, ns, "deployment", "ext-redis") is None
     env = container(get(cp, ns, "deployment", "ext-router"))["env"]
-    assert env == [{"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {
-        "name": "store-auth", "key": "password"}}}]
+    assert [e for e in env if e["name"] == "REDIS_PASSWORD"] == [
+        {"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {
+            "name": "store-auth", "key": "password"}}}]
 
-    # What two router replicas would publish (see prefix_operator/figures.py).
-    now = time.time()
-    for rid, (prompt, cached, ws, inflight) in {"a": (1000, 700, 20000, 2),
-                                                "b": (1000, 100, 25000, 2)}.items():
-        r.hset(f"prefixrouter:{ns}/ext:router:{rid}", mapping={
-            "prompt_tokens": prompt, "cached_tokens": cached, "working_set_tokens": ws,
-            "in_flight": inflight, "updated_at": now})
-    r.set(f"prefixrouter:{ns}/ext:own:123", "x")
-    r.set(f"prefixrouter:{ns}/other:own:123", "keep")
+    # What two router replicas would publish, again on every look: figures older than a
+    # working-set window are stale, however long the operator takes to show them.
+    ext, other = StoreKeys(f"{ns}/ext"), StoreKeys(f"{ns}/other")
+
+    def publish() -> None:
+        for rid, (prompt, cached, ws, inflight) in {"a": (1000, 700, 20000, 2),
+                                                    "b": (1000, 100, 25000, 2)}.items():
+            r.hset(ext.figures(rid), mapping=RouterFigures(
+                prompt_tokens=prompt, cached_tokens=cached, working_set_tokens=ws,
+                in_flight=inflight, updated_at=time.time()).as_hash())
+
+    r.set(ext.owners_prefix("llama") + "123", "x")
+    r.set(other.owners_prefix("llama") + "123", "keep")
 
     def columns() -> list[str] | None:
+        publish()
         lines = cp.kubectl("get", "prm", "ext", "-n", ns).stdout.splitlines()
         row = lines[1].split()
-        return row if len(row) == 6 else None  # NAME READY REPLICAS HIT PRESSURE AGE
+        return row if len(row) == 6 else None  # NAME READY REPLICAS HIT CACHE-PRESSURE AGE
     row = cp.wait_for(columns, 30, "figures in kubectl get prm", interval=0.5)
     assert row[:5] == ["ext", "True", "1/1", "0.4", "0.5"]
 
     cp.kubectl("delete", "prm", "ext", "-n", ns, "--wait=false")
-    cp.wait_for(lambda: get(cp, ns, "prm", "ext") is None, 30, "ext deleted")
-    assert r.keys(f"prefixrouter:{ns}/ext:*") == []
-    assert r.get(f"prefixrouter:{ns}/other:own:123") == "keep"
+    cp.wait_for(lambda: get(cp, ns, "prm", "ext") is None, 60, "ext deleted")
+    assert r.keys(store_prefix(f"{ns}/ext") + "*") == []
+    assert r.get(other.owners_prefix("llama") + "123") == "keep"
     assert "CacheKeysRemoved" in event_reasons(cp, ns, "ext")
 
 
@@ -402,7 +398,7 @@ def test_deletion_garbage_collects_everything(cp: Any, ns: str, operator: Operat
     cp.kubectl("delete", "prm", "gone", "-n", ns, "--wait=false")
     # The managed Redis is unreachable from outside the cluster: the finalizer tries a
     # bounded number of times, records why, and lets the deletion go.
-    cp.wait_for(lambda: get(cp, ns, "prm", "gone") is None, 30, "the model deleted")
+    cp.wait_for(lambda: get(cp, ns, "prm", "gone") is None, 60, "the model deleted")
     assert "CacheCleanupAbandoned" in event_reasons(cp, ns, "gone")
 
     def collected() -> bool:

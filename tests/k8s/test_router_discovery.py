@@ -6,14 +6,15 @@ a simulator on 127.0.0.1; the router reads it because its settings name that ann
 
 from __future__ import annotations
 
-import asyncio
+import sys
 import uuid
 from pathlib import Path
 
 import aiohttp
 import pytest
+from waiting import scaled, until
 
-from bench.fleet import Fleet
+from bench.harness.fleet import Fleet, free_port
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 
@@ -93,32 +94,35 @@ async def test_router_follows_ready_endpoints(control_plane, ns, tmp_path: Path)
             f"  address_override_annotation: {ANNOTATION}\n"
             "health: {probe_interval_s: 0.3}\n"
         )
-        # the router starts with no backend at all: /readyz must wait for the first endpoint
-        router_task = asyncio.create_task(
-            fleet.start_router(
-                "router", [], policy="prefix", kv_capacity=50_000, extra=["--config", str(cfg)]
-            )
-        )
-        await asyncio.sleep(1.0)
-        for i, sim in enumerate(sims):
-            cp.apply(pod(f"engine-{i}", ns, sim.url.removeprefix("http://")))
-        router = await asyncio.wait_for(router_task, 60)
-
+        # The router starts with no backend at all: it is alive (/healthz) and /readyz must
+        # wait for the first endpoint.
+        port = free_port()
+        router = await fleet.start(
+            "router",
+            [sys.executable, "-m", "prefix_router", "--host", "127.0.0.1", "--port", str(port),
+             "--policy", "prefix", "--kv-capacity-tokens", "50000", "--log-level", "warning",
+             "--expose-routing", "--config", str(cfg)],
+            port, "/healthz", timeout=scaled(30),
+        )  # fmt: skip
         async with aiohttp.ClientSession() as s:
+
+            async def readyz() -> int:
+                async with s.get(router.url + "/readyz") as r:
+                    return r.status
+
+            assert await readyz() == 503
+            for i, sim in enumerate(sims):
+                cp.apply(pod(f"engine-{i}", ns, sim.url.removeprefix("http://")))
 
             async def ready_backends() -> int:
                 async with s.get(router.url + "/readyz") as r:
                     return (await r.json())["healthy_backends"]
 
-            async def wait_count(n: int, timeout: float = 60) -> None:
-                deadline = asyncio.get_running_loop().time() + timeout
-                while asyncio.get_running_loop().time() < deadline:
-                    if await ready_backends() == n:
-                        return
-                    await asyncio.sleep(0.3)
-                raise AssertionError(
-                    f"router never saw {n} backends (has {await ready_backends()})"
-                )
+            async def wait_count(n: int) -> None:
+                async def seen() -> bool:
+                    return await ready_backends() == n
+
+                await until(seen, 60, f"the router to see {n} ready backends", interval=0.3)
 
             await wait_count(2)
             seen = set()

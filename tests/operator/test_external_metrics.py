@@ -9,37 +9,43 @@ import pytest
 from operator_builders import FULL_SPEC, body, model
 
 from prefix_operator import external_metrics as em
+from prefix_operator.config import OperatorConfig
+from prefix_operator.figures import Totals, totals
 from prefix_operator.render import horizontal_pod_autoscaler
+from prefix_router.contract import RouterFigures
 
 
-def pub(**kw: float) -> dict[str, str]:
-    return {k: str(v) for k, v in kw.items()}
+def pub(**kw: float) -> RouterFigures:
+    """What a router publishes, read back the way the store hands it over (strings)."""
+    return RouterFigures.from_hash({k: str(v) for k, v in kw.items()})
 
 
 NOW = 10_000.0
 
 
 def test_totals_sum_in_flight_and_take_the_widest_working_set() -> None:
-    t = em.totals([
-        pub(working_set_tokens=40000, in_flight=3, updated_at=NOW - 5),
-        pub(working_set_tokens=50000, in_flight=5, updated_at=NOW - 1),
+    t = totals([
+        pub(prompt_tokens=10, working_set_tokens=40000, in_flight=3, updated_at=NOW - 5),
+        pub(cached_tokens=4, working_set_tokens=50000, in_flight=5, updated_at=NOW - 1),
         pub(working_set_tokens=999999, in_flight=100, updated_at=NOW - 600),  # gone
     ], now=NOW, stale_after=60)
-    assert t == em.Totals(routers=2, working_set_tokens=50000, in_flight=8,
-                          updated_at=NOW - 1)
-    assert t.value(em.IN_FLIGHT_METRIC) == 8
-    assert t.value(em.WORKING_SET_METRIC) == 50000
+    assert t == Totals(routers=2, prompt_tokens=10, cached_tokens=4, working_set_tokens=50000,
+                       in_flight=8, updated_at=NOW - 1)
+    assert em.value(t, em.IN_FLIGHT_METRIC) == 8
+    assert em.value(t, em.WORKING_SET_METRIC) == 50000
     with pytest.raises(KeyError):
-        t.value("prefixrouter_something_else")
+        em.value(t, "prefix_router_something_else")
 
 
 def test_no_fresh_router_means_no_totals_not_zero() -> None:
-    assert em.totals([], now=NOW) is None
-    assert em.totals([pub(in_flight=4, updated_at=NOW - 61)], now=NOW, stale_after=60) is None
+    assert totals([], now=NOW) is None
+    assert totals([pub(in_flight=4, updated_at=NOW - 61)], now=NOW, stale_after=60) is None
     # A hash without a usable timestamp is as good as silent.
-    assert em.totals([{"in_flight": "4", "updated_at": "junk"}], now=NOW) is None
+    junk = RouterFigures.from_hash({"in_flight": "4", "updated_at": "junk"})
+    assert totals([junk], now=NOW) is None
     # A fresh router that reports nothing in flight is a real zero, and is reported.
-    assert em.totals([pub(in_flight=0, updated_at=NOW)], now=NOW).in_flight == 0
+    fresh = totals([pub(in_flight=0, updated_at=NOW)], now=NOW)
+    assert fresh is not None and fresh.in_flight == 0
 
 
 @pytest.mark.parametrize(("text", "labels", "expected"), [
@@ -69,7 +75,7 @@ def test_bad_label_selectors_are_refused(bad: str) -> None:
 
 def test_hpa_selector_string_matches_the_models_metric_labels() -> None:
     # What the HPA controller sends for the rendered selector (labels.Selector.String()).
-    hpa = horizontal_pod_autoscaler(model(**FULL_SPEC))
+    hpa = horizontal_pod_autoscaler(model(**FULL_SPEC), OperatorConfig())
     match = hpa["spec"]["metrics"][0]["external"]["metric"]["selector"]["matchLabels"]
     sent = ",".join(f"{k}={v}" for k, v in sorted(match.items()))
     labels = em.metric_labels(body(name="llama", namespace="ml"))
@@ -94,7 +100,7 @@ def test_metric_items_filter_select_and_skip_stale() -> None:
     models = [(a, fresh), (b, stale), (c, [])]
     everything = em.parse_selector("")
     items = em.metric_items(em.IN_FLIGHT_METRIC, models, everything, now=NOW)
-    assert items == [{"metricName": "prefixrouter_in_flight", "metricLabels": a,
+    assert items == [{"metricName": "prefix_router_in_flight", "metricLabels": a,
                       "timestamp": em.rfc3339(NOW - 2), "value": "2500m"}]
     assert em.metric_items(em.WORKING_SET_METRIC, models, everything,
                            now=NOW)[0]["value"] == "1200"
@@ -117,7 +123,7 @@ def test_discovery_objects() -> None:
     resources = em.api_resource_list()
     assert resources["groupVersion"] == "external.metrics.k8s.io/v1beta1"
     assert [r["name"] for r in resources["resources"]] == [
-        "prefixrouter_working_set_tokens", "prefixrouter_in_flight"]
+        "prefix_router_working_set_tokens", "prefix_router_in_flight"]
     assert all(r["namespaced"] and r["verbs"] == ["get"] for r in resources["resources"])
     group = em.api_group_list()["groups"][0]
     assert group["name"] == "external.metrics.k8s.io"
@@ -136,9 +142,10 @@ def test_hpa_arithmetic_on_our_totals_is_the_capacity_model() -> None:
     m = model(router={"kvCapacityTokens": 100000},
               autoscaling={"enabled": True, "targetCachePressure": 0.8, "targetLoad": 4})
     targets = {x["external"]["metric"]["name"]: x["external"]["target"]["averageValue"]
-               for x in horizontal_pod_autoscaler(m)["spec"]["metrics"]}
-    t = em.totals([pub(working_set_tokens=250000, in_flight=6, updated_at=NOW),
+               for x in horizontal_pod_autoscaler(m, OperatorConfig())["spec"]["metrics"]}
+    t = totals([pub(working_set_tokens=250000, in_flight=6, updated_at=NOW),
                    pub(working_set_tokens=240000, in_flight=5, updated_at=NOW)], now=NOW)
+    assert t is not None
     # 250k tokens of hot prefixes at 80% of 100k per replica: 4 replicas (3.125 -> 4),
     # at which the cache pressure 250k / 400k = 0.625 is under the 0.8 target.
     ws = _hpa_replicas(t.working_set_tokens, targets[em.WORKING_SET_METRIC])

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
 from prefix_operator.cachestore import glob_escape
-from prefix_operator.figures import aggregate
+from prefix_operator.figures import STALE_AFTER_SECONDS, aggregate
+from prefix_router.contract import WORKING_SET_WINDOW_S, RouterFigures
 
 
-def pub(**kw: float) -> dict[str, str]:
-    return {k: str(v) for k, v in kw.items()}
+def pub(**kw: float) -> RouterFigures:
+    return RouterFigures.from_hash({k: str(v) for k, v in kw.items()})
 
 
 def test_aggregate_over_fresh_routers() -> None:
@@ -32,8 +33,18 @@ def test_unknowns_stay_unknown() -> None:
                   kv_capacity_tokens=0)
     assert (f.hit_rate, f.cache_pressure, f.load) == (None, None, None)
     assert aggregate([], now=0, ready_replicas=1, kv_capacity_tokens=1).routers == 0
-    assert aggregate([{"prompt_tokens": "junk", "updated_at": "5"}], now=5, ready_replicas=1,
-                     kv_capacity_tokens=1).hit_rate is None
+    junk = RouterFigures.from_hash({"prompt_tokens": "junk", "updated_at": "5"})
+    assert aggregate([junk], now=5, ready_replicas=1, kv_capacity_tokens=1).hit_rate is None
+
+
+def test_a_router_is_stale_after_one_working_set_window() -> None:
+    assert STALE_AFTER_SECONDS == WORKING_SET_WINDOW_S
+    at = 1000.0
+    ok = aggregate([pub(in_flight=1, updated_at=at)], now=at + WORKING_SET_WINDOW_S,
+                   ready_replicas=1, kv_capacity_tokens=1)
+    gone = aggregate([pub(in_flight=1, updated_at=at)], now=at + WORKING_SET_WINDOW_S + 0.1,
+                     ready_replicas=1, kv_capacity_tokens=1)
+    assert (ok.routers, gone.routers) == (1, 0)
 
 
 def test_glob_escape() -> None:

@@ -14,11 +14,13 @@ import time
 from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.leaderelection.leaderelectionrecord import LeaderElectionRecord
+from waiting import scaled
 
 from prefix_operator import cli, leader
 from prefix_operator.leader import LeaseSettings, StandbyHealth, TimedLeaseLock
@@ -135,14 +137,17 @@ async def test_lease_spec_times_are_utc_and_acquire_time_kept_on_renewal(
     time.tzset()
     try:
         lock = TimedLeaseLock(settings(), api)
+        before = time.time()
         created = lock.update_lease(record("me"))
+        after = time.time()
     finally:
         monkeypatch.undo()
         time.tzset()
     assert created.holder_identity == "me" and created.lease_duration_seconds == 15
     for stamp in (created.renew_time, created.acquire_time):
         parsed = datetime.strptime(stamp.replace("Z", "+0000"), "%Y-%m-%dT%H:%M:%S.%f%z")
-        assert abs(parsed.timestamp() - time.time()) < 5
+        # Written between the two readings of the clock (microseconds: no slack needed).
+        assert before - 1e-6 <= parsed.timestamp() <= after + 1e-6
     held = client.V1LeaseSpec(holder_identity="me", acquire_time="2020-01-01T00:00:00.000000Z")
     renewed = lock.update_lease(record("me"), held)
     assert renewed.acquire_time == "2020-01-01T00:00:00.000000Z"
@@ -174,10 +179,10 @@ async def test_a_hung_api_call_times_out() -> None:
     api = client.ApiClient(cfg)
     lock = TimedLeaseLock(settings(lease_duration=3, renew_deadline=2.5, retry_period=1), api)
     try:
-        t0 = time.monotonic()
-        found, _ = await lock.get("l", "ns")
+        # Without the lock's own timeout (1 s here) this call would wait for the hour the
+        # server sleeps; the bound is only there to fail instead of hanging.
+        found, _ = await asyncio.wait_for(lock.get("l", "ns"), scaled(30))
         assert found is False
-        assert time.monotonic() - t0 < 3
     finally:
         await api.close()
         hung.close()
@@ -186,29 +191,56 @@ async def test_a_hung_api_call_times_out() -> None:
 # --------------------------------------------------------------------------- watchdog
 
 
+class Clock:
+    """Time that moves only when the code under test sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleeps = 0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.sleeps += 1
+        await asyncio.sleep(0)
+
+
 async def test_watchdog_gives_up_after_the_renew_deadline(api: client.ApiClient) -> None:
     s = settings(lease_duration=3, renew_deadline=1.5, retry_period=1)
-    lock = TimedLeaseLock(s, api)
+    clock = Clock()
+    lock = TimedLeaseLock(s, api, clock=clock)
     reasons: list[str] = []
-    lock.held_since_write = time.monotonic()
-    t0 = time.monotonic()
-    await asyncio.wait_for(leader.watchdog(lock, s, reasons.append), 5)
-    waited = time.monotonic() - t0
-    assert 1.5 <= waited < 2.5
-    assert "within the renew deadline (1.5 s)" in reasons[0]
+    lock.held_since_write = clock()
+    await leader.watchdog(lock, s, reasons.append, sleep=clock.sleep)
+    # It noticed on its first look past the deadline: within one check interval (0.25 s).
+    waited = clock() - lock.held_since_write
+    assert 1.5 < waited <= 1.5 + 0.25
+    assert reasons == ["no successful renewal of lease ns/l within the renew deadline (1.5 s)"]
 
 
 async def test_watchdog_stays_quiet_while_renewals_land(api: client.ApiClient) -> None:
     s = settings(lease_duration=3, renew_deadline=1.5, retry_period=1)
-    lock = TimedLeaseLock(s, api)
+    clock = Clock()
+    lock = TimedLeaseLock(s, api, clock=clock)
     reasons: list[str] = []
-    lock.held_since_write = time.monotonic()
-    guard = asyncio.create_task(leader.watchdog(lock, s, reasons.append))
-    for _ in range(6):  # 3 s of renewals every 0.5 s: twice the deadline
-        await asyncio.sleep(0.5)
-        lock.held_since_write = time.monotonic()
-    assert not guard.done() and reasons == []
-    guard.cancel()
+    lock.held_since_write = clock()
+
+    async def renewing() -> None:
+        # A renewal every second for 30 s: twenty times the deadline, never past it.
+        while clock() < 1030.0:
+            if clock() - lock.held_since_write >= 1.0:
+                lock.held_since_write = clock()
+            await clock.sleep(0.25)
+        lock.held_since_write = None  # the lease is lost at the end: the watchdog must notice
+
+    def sleep(seconds: float) -> Any:
+        return asyncio.sleep(0)  # the renewing task moves the clock
+
+    await asyncio.gather(renewing(), leader.watchdog(lock, s, reasons.append, sleep=sleep))
+    assert clock() >= 1030.0
+    assert len(reasons) == 1 and clock.sleeps >= 120
 
 
 # --------------------------------------------------------------------------- standby health

@@ -9,6 +9,7 @@ from typing import Any
 from operator_builders import body
 
 from prefix_operator.config import OperatorConfig
+from prefix_operator.kinds import MODEL, Kind
 from prefix_operator.kube import KubeError
 from prefix_operator.reconcile import Reconciler
 
@@ -33,12 +34,12 @@ class FakeKube:
     def model(self, ns: str = "ml", name: str = "llama") -> dict[str, Any]:
         return self.objects[("PrefixRoutedModel", ns, name)]
 
-    async def get(self, api_version: str, kind: str, ns: str, name: str) -> dict[str, Any] | None:
-        obj = self.objects.get(self._key(kind, ns, name))
+    async def get(self, kind: Kind, ns: str, name: str) -> dict[str, Any] | None:
+        obj = self.objects.get(self._key(kind.kind, ns, name))
         return copy.deepcopy(obj) if obj else None
 
     async def get_model(self, ns: str, name: str) -> dict[str, Any] | None:
-        return await self.get("", "PrefixRoutedModel", ns, name)
+        return await self.get(MODEL, ns, name)
 
     async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         if obj["kind"] in self.reject:
@@ -62,8 +63,8 @@ class FakeKube:
         self.objects[key] = new
         return copy.deepcopy(new)
 
-    async def delete(self, api_version: str, kind: str, ns: str, name: str) -> bool:
-        return self.objects.pop(self._key(kind, ns, name), None) is not None
+    async def delete(self, kind: Kind, ns: str, name: str) -> bool:
+        return self.objects.pop(self._key(kind.kind, ns, name), None) is not None
 
     async def patch_model_status(self, ns: str, name: str,
                                  status: dict[str, Any]) -> dict[str, Any] | None:

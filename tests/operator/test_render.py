@@ -1,23 +1,27 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from operator_builders import FULL_SPEC, UID, model
+from pydantic import ValidationError
 
+from prefix_operator import children, kinds
+from prefix_operator.children import possible_refs, ref_of, render_all
 from prefix_operator.config import OperatorConfig
 from prefix_operator.naming import CONFIG_HASH_ANNOTATION
 from prefix_operator.render import (
-    possible_children,
-    ref_of,
-    render_all,
+    ROUTER_DEPLOYMENT_FIELDS,
+    ROUTER_DERIVED_FIELDS,
+    engine_command_args,
     router_config_text,
     router_settings,
 )
-from prefix_operator.spec import PrefixRoutedModelSpec
-from prefix_router.config import RouterSettings
+from prefix_operator.spec import Model, PrefixRoutedModelSpec, RouterSpec
+from prefix_router.contract import RouterSettings
 
 CRD = Path(__file__).resolve().parents[2] / "crds" / "prefixroutedmodel.yaml"
 
@@ -100,7 +104,9 @@ def test_full_spec_model_server(cfg: OperatorConfig) -> None:
     assert args[args.index("--tensor-parallel-size") + 1] == "2"
     assert args[args.index("--revision") + 1] == "main"
     assert args[-2:] == ["--max-model-len", "8192"]  # user args come last
-    assert c["ports"] == [{"name": "http", "containerPort": 9000, "protocol": "TCP"}]
+    assert c["ports"] == [{"name": "http", "containerPort": 9000, "protocol": "TCP"},
+                          {"name": "kv-events", "containerPort": 5557, "protocol": "TCP"},
+                          {"name": "kv-replay", "containerPort": 5558, "protocol": "TCP"}]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert c["startupProbe"]["failureThreshold"] == 60
     assert {"name": "model", "persistentVolumeClaim": {"claimName": "weights",
@@ -163,8 +169,10 @@ def test_router_objects(cfg: OperatorConfig) -> None:
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert c["ports"][0]["containerPort"] == 8080
     assert pod["serviceAccountName"] == "llama-router"
-    assert pod["volumes"] == [{"name": "config", "configMap": {"name": "llama-router"}}]
-    assert "env" not in c  # managed store: no password
+    assert pod["volumes"] == [{"name": "config", "configMap": {"name": "llama-router"}},
+                              {"name": "cache", "emptyDir": {"sizeLimit": "256Mi"}}]
+    # managed store: no password; the tokenizer is fetched into the cache volume
+    assert c["env"] == [{"name": "PREFIX_ROUTER_CACHE", "value": "/var/cache/prefix-router"}]
     role = objs[("Role", "llama-router")]
     assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"],
                               "resources": ["endpointslices"],
@@ -181,6 +189,7 @@ def test_router_config_follows_the_router_contract() -> None:
     cm_text = router_config_text(m)
     # The router's own settings model (extra keys forbidden) accepts what we render.
     settings = RouterSettings.model_validate(yaml.safe_load(cm_text))
+    assert settings == router_settings(m)
     assert settings.block_size == 32
     assert settings.models == ["qwen"]
     assert settings.model_key == "ml/llama"
@@ -197,9 +206,64 @@ def test_router_config_follows_the_router_contract() -> None:
     assert settings.host == "0.0.0.0" and settings.port == 8080
 
     managed = router_settings(model())
-    assert managed["store"] == {"mode": "redis",
-                                "url": "redis://llama-redis.ml.svc:6379/0"}
-    RouterSettings.model_validate(managed)
+    assert managed.store.model_dump(exclude_unset=True) == {
+        "mode": "redis", "url": "redis://llama-redis.ml.svc:6379/0"}
+
+
+def _router_setting_fields() -> set[str]:
+    """The spec's router fields that pass to the router as they are."""
+    return set(RouterSpec.model_fields) - ROUTER_DEPLOYMENT_FIELDS - ROUTER_DERIVED_FIELDS
+
+
+def test_router_yaml_holds_only_what_the_spec_and_the_operator_set() -> None:
+    """Everything else is left to the router's own defaults."""
+    rendered = yaml.safe_load(router_config_text(model()))
+    wiring = {"host", "port", "models", "policy", "model_key", "discovery", "store", "health",
+              "events", "cached_tokens_reported", "index", "tokenizer"}  # fmt: skip
+    assert set(rendered) == _router_setting_fields() | wiring
+    assert rendered["discovery"] == {"mode": "kubernetes", "namespace": "ml",
+                                     "service": "llama-model-server", "port": 8000}
+
+
+def test_every_router_setting_of_the_spec_is_the_routers_with_its_default() -> None:
+    # The CRD defaults every field (test_python_defaults_match_the_crd keeps spec.py in step),
+    # so a default that differs from the router's would override it in every deployment.
+    router = RouterSettings.model_fields
+    spec = RouterSpec.model_fields
+    for name in sorted(_router_setting_fields()):
+        assert name in router, f"spec.router.{name} is not a router setting"
+        assert spec[name].default == router[name].default, \
+            f"spec.router.{name}: default {spec[name].default!r}, the router's " \
+            f"{router[name].default!r}"
+
+
+def test_engines_tell_the_routers_what_they_hold() -> None:
+    # vLLM: cached tokens on every answer, KV events on its ports, the model's tokenizer
+    vllm = router_settings(model())
+    assert vllm.index == "events" and vllm.cached_tokens_reported
+    assert vllm.tokenizer and vllm.tokenizer.startswith("hf://")
+    _command, args = engine_command_args(model())
+    assert "--enable-prompt-tokens-details" in args
+    events = json.loads(args[args.index("--kv-events-config") + 1])
+    assert events["endpoint"].endswith(f":{vllm.events.port}")
+    assert events["replay_endpoint"].endswith(f":{vllm.events.replay_port}")
+    # a custom engine: what its answers report corrects the index; no tokenizer known
+    custom = router_settings(
+        model(engine={"type": "custom", "image": "x", "healthPath": "/v1/models"})
+    )
+    assert custom.index == "corrected" and custom.tokenizer is None
+    assert custom.health.path == "/v1/models" and not custom.cached_tokens_reported
+
+
+def test_a_spec_field_the_router_does_not_know_fails_at_render_time() -> None:
+    class NewerRouterSpec(RouterSpec):
+        no_such_setting: bool = True
+
+    m = model()
+    newer = Model(name=m.name, namespace=m.namespace, uid=m.uid, generation=m.generation,
+                  spec=m.spec.model_copy(update={"router": NewerRouterSpec()}))
+    with pytest.raises(ValidationError, match="no_such_setting"):
+        router_settings(newer)
 
 
 def test_external_store_password_and_no_managed_redis(cfg: OperatorConfig) -> None:
@@ -208,8 +272,8 @@ def test_external_store_password_and_no_managed_redis(cfg: OperatorConfig) -> No
     assert ("Service", "llama-redis") not in objs
     c = container(objs[("Deployment", "llama-router")])
     assert c["image"] == "registry.local/router:dev"
-    assert c["env"] == [{"name": "REDIS_PASSWORD", "valueFrom": {
-        "secretKeyRef": {"name": "redis-auth", "key": "pw"}}}]
+    assert c["env"][0] == {"name": "REDIS_PASSWORD", "valueFrom": {
+        "secretKeyRef": {"name": "redis-auth", "key": "pw"}}}
 
 
 def test_router_config_change_rolls_only_the_router(cfg: OperatorConfig) -> None:
@@ -243,8 +307,8 @@ def test_autoscaler_targets_the_model(cfg: OperatorConfig) -> None:
                for m in spec["metrics"]}
     # Totals over per-replica targets: 500000 KV tokens x 0.7 pressure, 4 in flight.
     assert targets == {
-        "prefixrouter_working_set_tokens": {"type": "AverageValue", "averageValue": "350000"},
-        "prefixrouter_in_flight": {"type": "AverageValue", "averageValue": "4000m"}}
+        "prefix_router_working_set_tokens": {"type": "AverageValue", "averageValue": "350000"},
+        "prefix_router_in_flight": {"type": "AverageValue", "averageValue": "4000m"}}
     for m in spec["metrics"]:
         assert m["external"]["metric"]["selector"] == {"matchLabels": {
             "prefixrouter.io/namespace": "ml", "prefixrouter.io/model": "llama"}}
@@ -255,7 +319,32 @@ def test_autoscaler_targets_the_model(cfg: OperatorConfig) -> None:
 def test_possible_children_cover_every_rendering(cfg: OperatorConfig) -> None:
     for spec in ({}, FULL_SPEC):
         m = model(**spec)
-        assert {ref_of(o) for o in render_all(m, cfg)} <= set(possible_children(m))
+        assert {ref_of(o) for o in render_all(m, cfg)} <= set(possible_refs(m))
+    # One row per object: no two children share a kind and a name.
+    assert len(set(possible_refs(model()))) == len(children.CHILDREN)
+
+
+def test_the_table_says_what_each_spec_owns(cfg: OperatorConfig) -> None:
+    def owned(**spec: Any) -> set[tuple[str, str]]:
+        return {(o["kind"], o["metadata"]["name"]) for o in render_all(model(**spec), cfg)}
+
+    base = owned()
+    assert ("HorizontalPodAutoscaler", "llama") not in base
+    everything = owned(router={"kvCapacityTokens": 1000}, autoscaling={"enabled": True})
+    assert everything - base == {("HorizontalPodAutoscaler", "llama")}
+    external = owned(cacheStore={"type": "external", "url": "redis://r:6379/0"})
+    assert base - external == {("Service", "llama-redis"), ("Deployment", "llama-redis")}
+    # The conditional rows are exactly those, and they are the ones pruning may delete.
+    assert {(c.kind.kind, c.name(model())) for c in children.CHILDREN if c.conditional} == {
+        ("HorizontalPodAutoscaler", "llama"), ("Service", "llama-redis"),
+        ("Deployment", "llama-redis")}
+    assert ("services", "delete") in {(p[1], p[2]) for p in children.permissions()}
+    assert ("roles", "delete") not in {(p[1], p[2]) for p in children.permissions()}
+    # The children that feed a condition, and every kind watched once.
+    assert {c.observed_as for c in children.OBSERVED} == {"model_server", "router", "redis",
+                                                          "hpa"}
+    assert len(children.WATCHED_KINDS) == len(set(children.WATCHED_KINDS)) == 8
+    assert kinds.DEPLOYMENT in children.WATCHED_KINDS
 
 
 def test_images_are_configurable() -> None:

@@ -148,8 +148,9 @@ Returns JSON: {serving: {ca, crt, key}, kedaClient: {ca, crt, key}}, base64-enco
 {{/*
 The operator's permissions in the namespaces it serves, derived from what it does
 (operator/prefix_operator): each rule says which code needs it. Rendered into a ClusterRole
-(all namespaces) or into a Role per watched namespace. tests/k8s/test_chart.py checks them
-against render.CHILD_KINDS and the router Role the operator hands out.
+(all namespaces) or into a Role per watched namespace. tests/k8s/test_chart.py checks that they
+are exactly what the code needs (children.permissions() and the router Role the operator
+hands out): nothing missing, nothing more.
 */}}
 {{- define "prefix-router.operatorNamespacedRules" -}}
 # The models: kopf lists and watches them and patches its finalizer and progress annotations
@@ -160,25 +161,29 @@ against render.CHILD_KINDS and the router Role the operator hands out.
 # Conditions, replica counts and routing figures (kube.patch_model_status).
 - apiGroups: [prefixrouter.io]
   resources: [prefixroutedmodels/status]
-  verbs: [get, patch]
-# What a model owns (render.CHILD_KINDS): read before each apply (get), server-side apply
-# (patch, and create when the object is new), watched for drift (list, watch:
-# handlers.OWNED_RESOURCES), pruned when the spec no longer needs it (delete).
+  verbs: [patch]
+# What a model owns (the table in children.py, from which tests/k8s/test_chart.py derives these
+# rules): read before each apply (get), server-side apply (patch, and create when the object is
+# new), watched for drift (list, watch), and pruned when the spec no longer needs it (delete:
+# only the kinds of which the spec can turn a child off: the managed Redis and the HPA).
 - apiGroups: [""]
-  resources: [serviceaccounts, configmaps, services]
+  resources: [serviceaccounts, configmaps]
+  verbs: [get, list, watch, create, patch]
+- apiGroups: [""]
+  resources: [services]
   verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, create, patch, delete]
-- apiGroups: [policy]
-  resources: [poddisruptionbudgets]
-  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [autoscaling]
   resources: [horizontalpodautoscalers]
   verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, list, watch, create, patch]
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [get, list, watch, create, patch]
 # The router Role the operator creates grants these; Kubernetes lets a subject write a Role
 # only with permissions it holds itself, which needs no escalate or bind verb.
 - apiGroups: [discovery.k8s.io]
