@@ -4,13 +4,32 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
+from pathlib import Path
 
 from aiohttp import web
 
-from .engine import Engine
+from .engine import PREEMPTION, Engine
+from .kvevents import ENCODINGS, KVEventPublisher, KVEventsConfig
 from .profiles import PROFILES
+from .sequences import LoRA
 from .server import build_app
+
+
+def _lora_modules(values: list[str]) -> list[LoRA]:
+    """vLLM's --lora-modules: name=path, or JSON {"name": ..., "path": ...}; ids from 1."""
+    out = []
+    for i, v in enumerate(values, start=1):
+        if v.lstrip().startswith("{"):
+            d = json.loads(v)
+            name, path = d["name"], d["path"]
+        else:
+            name, _, path = v.partition("=")
+        if not name or not path:
+            raise SystemExit(f"--lora-modules: {v!r} is not name=path")
+        out.append(LoRA(i, name, path))
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -36,6 +55,43 @@ def main(argv: list[str] | None = None) -> None:
         help="multiplies every simulated duration (0.1 = ten times faster)",
     )
     p.add_argument("--replica-id", default=None)
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="a Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json with a "
+        "chat_template), or 'tiny' for the one shipped here; default: 4 bytes a token",
+    )
+    p.add_argument(
+        "--kv-events-config",
+        default=None,
+        help='vLLM\'s JSON, e.g. \'{"enable_kv_cache_events": true, "endpoint": '
+        '"tcp://127.0.0.1:5557", "replay_endpoint": "tcp://127.0.0.1:5558"}\'',
+    )
+    p.add_argument(
+        "--kv-events-encoding",
+        choices=ENCODINGS,
+        default="map",
+        help="events as maps tagged by type (vLLM >= 0.24) or tagged arrays (vLLM <= 0.23)",
+    )
+    p.add_argument(
+        "--block-hash-seed",
+        default=None,
+        help="seed of the engine's block hashes (default: PYTHONHASHSEED, else random)",
+    )
+    p.add_argument(
+        "--preemption",
+        choices=PREEMPTION,
+        default=None,
+        help="when a sequence cannot grow: preempt as vLLM v1 (recompute; the default with "
+        "--tokenizer) or over-commit the cache briefly (off; the default without)",
+    )
+    p.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="report usage.prompt_tokens_details.cached_tokens as vLLM does with this flag "
+        "(without --tokenizer the simulator always reports it)",
+    )
+    p.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
@@ -49,14 +105,50 @@ def main(argv: list[str] | None = None) -> None:
     served = args.served_model_name or [args.model]
     replica = args.replica_id or f"{args.host}:{args.port}"
 
+    loras = _lora_modules(args.lora_modules)
+    events_conf = KVEventsConfig.from_json(args.kv_events_config or "{}")
+
     async def run() -> None:
-        engine = Engine(profile, kv, args.block_size, args.max_num_seqs, args.time_scale)
+        tokenizer = sequences = None
+        if args.tokenizer is not None:
+            from .hf_tokenizer import TINY_TOKENIZER, ChatTokenizer
+            from .kvcache import TokenBlockHasher
+            from .sequences import TokenSequences
+
+            path = TINY_TOKENIZER if args.tokenizer == "tiny" else Path(args.tokenizer)
+            tokenizer = ChatTokenizer(path)
+            sequences = TokenSequences(
+                tokenizer, TokenBlockHasher(args.block_size, args.block_hash_seed)
+            )
+        preemption = args.preemption or ("recompute" if tokenizer else "off")
+        events = None
+        if events_conf.active:
+            events = KVEventPublisher(events_conf, args.kv_events_encoding, args.block_size)
+            logging.info(
+                "KV events (%s) on %s, replay %s",
+                args.kv_events_encoding,
+                events.endpoint,
+                events.replay_endpoint,
+            )
+        engine = Engine(
+            profile,
+            kv,
+            args.block_size,
+            args.max_num_seqs,
+            args.time_scale,
+            sequences=sequences,
+            preemption=preemption,
+            events=events,
+        )
         app = build_app(
             model=args.model,
             served=served,
             engine=engine,
             max_model_len=args.max_model_len,
             replica_id=replica,
+            tokenizer=tokenizer,
+            loras=loras,
+            enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         )
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await runner.setup()

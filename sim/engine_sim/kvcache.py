@@ -1,36 +1,75 @@
 """A paged KV cache with prefix caching, at block granularity (pure, no I/O).
 
-A sequence is a byte string (4 bytes per token, see tokenizer.py). Block i covers tokens
-[i*B, (i+1)*B); its hash chains the parent's: h_i = xxh3_64(bytes of block i, seed=h_{i-1}),
-so a hash names the whole prefix, as vLLM's block hashes do. Only full blocks are cached.
+Block i covers tokens [i*B, (i+1)*B) of a sequence; its hash chains the parent's, so a hash
+names the whole prefix, as vLLM's block hashes do. Only full blocks are cached. A sequence is
+either a byte string (4 bytes per token, see tokenizer.py; h_i = xxh3_64(bytes of block i,
+seed=h_{i-1})) or, with a real tokenizer, token ids (TokenBlockHasher: a salted 128-bit chain
+over the ids and the block's extra keys, as vLLM hashes parent, tokens and extra keys).
 
 Blocks in use by running requests are reference-counted and never evicted. Unreferenced cached
 blocks sit in an LRU list and are evicted oldest first; when a request ends its blocks are
-released tail first, so a chain's last blocks are evicted before its first ones.
+released tail first, so a chain's last blocks are evicted before its first ones. The cache
+reports evictions to `on_evict` (for KV events) and, on request, which blocks were new.
 """
 
 from __future__ import annotations
 
+import os
+from array import array
 from collections import OrderedDict
+from collections.abc import Callable
 
 import xxhash
 
 from .tokenizer import BYTES_PER_TOKEN
 
 _xxh = xxhash.xxh3_64_intdigest
+_xxh128 = xxhash.xxh3_128_intdigest
 
 
-def block_hashes(seq: bytes, block_size: int, limit: int | None = None) -> list[int]:
+def block_hashes(seq: bytes, block_size: int, limit: int | None = None, seed: int = 0) -> list[int]:
     step = block_size * BYTES_PER_TOKEN
     n = len(seq) // step
     if limit is not None:
         n = min(n, limit)
     out = []
-    h = 0
+    h = seed
     for pos in range(0, n * step, step):
         h = _xxh(seq[pos : pos + step], h)
         out.append(h)
     return out
+
+
+class TokenBlockHasher:
+    """The engine's own block hashes over token ids: h_i = xxh3_128(h_{i-1} || ids of block i
+    || extra keys), h_{-1} derived from a seed that is random in every process unless given
+    (vLLM: PYTHONHASHSEED), so nothing outside may depend on the values."""
+
+    def __init__(self, block_size: int, seed: str | None = None) -> None:
+        if seed is None:
+            seed = os.environ.get("PYTHONHASHSEED") or os.urandom(16).hex()
+        self.block_size = block_size
+        self.root = _xxh128(b"engine-sim-block-hash:" + seed.encode())
+
+    def extend(
+        self,
+        hashes: list[int],
+        ids: list[int],
+        lora: str | None = None,
+        salt: str | None = None,
+    ) -> list[int]:
+        """`hashes` (a chain over a prefix of `ids`) extended to every full block of `ids`."""
+        b = self.block_size
+        out = hashes[: len(ids) // b]
+        h = out[-1] if out else self.root
+        every = b"\x00lora\x00" + lora.encode() if lora else b""
+        for i in range(len(out), len(ids) // b):
+            extra = every + (b"\x00salt\x00" + salt.encode() if i == 0 and salt else b"")
+            h = _xxh128(
+                h.to_bytes(16, "big") + array("I", ids[i * b : (i + 1) * b]).tobytes() + extra
+            )
+            out.append(h)
+        return out
 
 
 class PrefixCache:
@@ -42,6 +81,7 @@ class PrefixCache:
         self._ref: dict[int, int] = {}  # cached block hash -> reference count
         self._free: OrderedDict[int, None] = OrderedDict()  # unreferenced cached blocks, LRU first
         self._private = 0  # blocks held by running requests that are not (yet) cached
+        self.on_evict: Callable[[int], None] | None = None
 
     # -- queries ----------------------------------------------------------------------------
     def used_blocks(self) -> int:
@@ -69,6 +109,10 @@ class PrefixCache:
     def _active(self) -> int:
         return len(self._ref) - len(self._free) + self._private
 
+    def can_grow(self, blocks: int) -> bool:
+        """Whether a running sequence can take `blocks` more, evicting only unreferenced ones."""
+        return self._active() + blocks <= self.capacity_blocks
+
     def can_allocate(self, hashes: list[int], total_blocks: int) -> bool:
         """Whether the blocks this request needs fit, evicting only unreferenced blocks."""
         ref = self._ref
@@ -78,18 +122,32 @@ class PrefixCache:
     def _make_room(self, need: int) -> None:
         free = self._free
         ref = self._ref
+        evicted = self.on_evict
         while self.used_blocks() + need > self.capacity_blocks and free:
             h, _ = free.popitem(last=False)
             del ref[h]
+            if evicted is not None:
+                evicted(h)
 
-    def allocate(self, hashes: list[int], total_blocks: int) -> None:
-        """Hold the prompt's full blocks (shared, cached) and private blocks for the rest."""
+    def clear(self) -> int:
+        """Drop every unreferenced cached block (a prefix-cache reset); returns how many."""
+        n = len(self._free)
+        for h in self._free:
+            del self._ref[h]
+        self._free.clear()
+        return n
+
+    def allocate(self, hashes: list[int], total_blocks: int, new: list[int] | None = None) -> None:
+        """Hold the prompt's full blocks (shared, cached) and private blocks for the rest.
+        With `new`, the indices of the blocks that were not cached are appended to it."""
         ref = self._ref
         free = self._free
-        for h in hashes:
+        for i, h in enumerate(hashes):
             c = ref.get(h)
             if c is None:
                 ref[h] = 1
+                if new is not None:
+                    new.append(i)
             else:
                 if c == 0:
                     del free[h]
@@ -104,19 +162,27 @@ class PrefixCache:
         self._make_room(0)
 
     def release(
-        self, hashes: list[int], total_blocks: int, final_hashes: list[int] | None = None
+        self,
+        hashes: list[int],
+        total_blocks: int,
+        final_hashes: list[int] | None = None,
+        new: list[int] | None = None,
     ) -> None:
         """A request ended. Its prompt blocks are unreferenced; with `final_hashes` (the hashes
         of prompt + output), the output's full blocks become cached too, as vLLM caches
-        generated blocks, so a conversation's next turn hits on the answer."""
+        generated blocks, so a conversation's next turn hits on the answer. With `new`, the
+        indices (into final_hashes) of output blocks that were not cached are appended."""
         ref = self._ref
         free = self._free
         # The output's blocks were private; they turn into cached blocks (no new room needed).
         self._private -= max(0, total_blocks - len(hashes))
         chain = list(hashes)
-        for h in final_hashes[len(hashes) :] if final_hashes else ():
+        start = len(hashes)
+        for i, h in enumerate(final_hashes[start:] if final_hashes else ()):
             if h not in ref:
                 ref[h] = 1  # released just below, with the prompt's blocks
+                if new is not None:
+                    new.append(start + i)
             else:
                 ref[h] += 1
             chain.append(h)

@@ -46,6 +46,17 @@ class EngineMetrics:
             buckets=_E2E,
             registry=r,
         )
+        self.preemptions = Counter(
+            "vllm:num_preemptions", "Requests preempted (recompute)", labels, registry=r
+        )
+        self.decode_steps = Gauge(
+            "engine_sim_decode_steps", "Engine steps that only decoded", registry=r
+        )
+        self.decode_seconds = Gauge(
+            "engine_sim_decode_step_seconds", "Wall time of those steps, in all", registry=r
+        )
+        self.decode_steps.set_function(lambda: engine.counters.decode_steps)
+        self.decode_seconds.set_function(lambda: engine.counters.decode_step_seconds)
         m = model
         self.running.labels(m).set_function(lambda: len(engine.running))
         self.waiting.labels(m).set_function(lambda: len(engine.waiting))
@@ -57,6 +68,9 @@ class EngineMetrics:
         self.queries.labels(self._m).inc(prompt_tokens)
         self.hits.labels(self._m).inc(cached_tokens)
         self.prompt.labels(self._m).inc(prompt_tokens)
+
+    def preempted(self) -> None:
+        self.preemptions.labels(self._m).inc()
 
     def first_token(self, seconds: float) -> None:
         self.ttft.labels(self._m).observe(seconds)

@@ -1,11 +1,17 @@
-"""The simulator's HTTP face: vLLM's OpenAI-compatible API on aiohttp."""
+"""The simulator's HTTP face: vLLM's OpenAI-compatible API on aiohttp.
+
+Two ways to turn a request into tokens: the byte tokenizer (tokenizer.py, chat.py: the
+default) or, with a Hugging Face tokenizer (hf_tokenizer.py), real token ids of the chat
+rendered with the tokenizer's chat template, as vLLM does.
+"""
 
 from __future__ import annotations
 
 import json
 import time
 import uuid
-from typing import Any
+from array import array
+from typing import TYPE_CHECKING, Any
 
 import xxhash
 from aiohttp import web
@@ -15,6 +21,10 @@ from .chat import render_chat
 from .engine import Engine, Request
 from .metrics import EngineMetrics
 from .tokenizer import VOCAB_SIZE, count_tokens, token_ids_to_bytes, tokenize, tokenize_bytes
+
+if TYPE_CHECKING:
+    from .hf_tokenizer import ChatTokenizer
+    from .sequences import LoRA
 
 ENGINE: web.AppKey[Engine] = web.AppKey("engine", Engine)
 METRICS: web.AppKey[EngineMetrics] = web.AppKey("metrics", EngineMetrics)
@@ -74,11 +84,12 @@ async def _body(request: web.Request) -> dict[str, Any]:
 
 
 def _check_model(request: web.Request, body: dict[str, Any]) -> str:
-    names = request.app[CONF]["served"]
+    conf = request.app[CONF]
+    names = conf["served"]
     model = body.get("model")
     if model is None:
         return names[0]
-    if not isinstance(model, str) or model not in names:
+    if not isinstance(model, str) or (model not in names and model not in conf["loras"]):
         raise BadRequest(f"The model `{model}` does not exist.", 404, "model")
     return model
 
@@ -96,17 +107,67 @@ def _max_tokens(body: dict[str, Any], chat: bool) -> int:
     return value
 
 
+def _chat_args(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[Any] | None]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list", param="messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise BadRequest(f"messages[{i}] must be an object with a role", param="messages")
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise BadRequest("tools must be a list", param="tools")
+    return messages, tools
+
+
+def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise BadRequest(f"{name} must be a boolean", param=name)
+    return value
+
+
+def _prompt_ids(body: dict[str, Any], chat: bool, tok: ChatTokenizer) -> list[int]:
+    """The prompt's token ids as vLLM makes them: a chat rendered with the chat template
+    (generation prompt on) and encoded without added special tokens (the template writes
+    the BOS), a text prompt encoded with them."""
+    if chat:
+        messages, tools = _chat_args(body)
+        kwargs = body.get("chat_template_kwargs")
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise BadRequest("chat_template_kwargs must be an object", param="chat_template_kwargs")
+        try:
+            text = tok.render_chat(
+                messages,
+                tools,
+                add_generation_prompt=_flag(body, "add_generation_prompt", True),
+                template_kwargs=kwargs,
+            )
+        except (ValueError, TypeError) as e:
+            raise BadRequest(str(e), param="messages") from None
+        return tok.encode(text, _flag(body, "add_special_tokens", False))
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str) and prompt:
+        return tok.encode(prompt, _flag(body, "add_special_tokens", True))
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        for t in prompt:
+            if not 0 <= t < tok.vocab_size:
+                raise BadRequest(f"Token id {t} is out of vocabulary", param="prompt")
+        return list(prompt)
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, str) for p in prompt):
+        raise BadRequest("batched prompts are not supported by the simulator", param="prompt")
+    raise BadRequest("prompt must be a non-empty string or a list of token ids", param="prompt")
+
+
 def _prompt_bytes(body: dict[str, Any], chat: bool) -> bytes:
     if chat:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("messages must be a non-empty list", param="messages")
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise BadRequest(f"messages[{i}] must be an object with a role", param="messages")
-        tools = body.get("tools")
-        if tools is not None and not isinstance(tools, list):
-            raise BadRequest("tools must be a list", param="tools")
+        messages, tools = _chat_args(body)
         try:
             return render_chat(messages, tools).encode()
         except (ValueError, TypeError) as e:
@@ -130,13 +191,27 @@ def _prompt_bytes(body: dict[str, Any], chat: bool) -> bytes:
     raise BadRequest("prompt must be a non-empty string or a list of token ids", param="prompt")
 
 
-def _usage(r: Request) -> dict[str, Any]:
-    return {
+def _usage(r: Request, details: str, stream: bool = False) -> dict[str, Any]:
+    """`details`: "always" (the byte tokenizer's simulator, as before) or vLLM's rule, "on"
+    (--enable-prompt-tokens-details: only when some tokens were cached) or "off". vLLM leaves
+    the field null in a whole response and out of a stream's usage chunk otherwise."""
+    usage: dict[str, Any] = {
         "prompt_tokens": r.prompt_tokens,
         "completion_tokens": r.generated,
         "total_tokens": r.prompt_tokens + r.generated,
-        "prompt_tokens_details": {"cached_tokens": r.cached_tokens},
     }
+    if details == "always" or (details == "on" and r.cached_tokens):
+        usage["prompt_tokens_details"] = {"cached_tokens": r.cached_tokens}
+    elif not stream:
+        usage["prompt_tokens_details"] = None
+    return usage
+
+
+def _lora_and_salt(app: web.Application, body: dict[str, Any], model: str):
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise BadRequest("cache_salt must be a non-empty string", param="cache_salt")
+    return app[CONF]["loras"].get(model), salt
 
 
 async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
@@ -158,8 +233,15 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
         if not isinstance(opts, dict):
             raise BadRequest("stream_options must be an object", param="stream_options")
     max_tokens = _max_tokens(body, chat)
-    prompt = _prompt_bytes(body, chat)
-    ptoks = count_tokens(prompt)
+    tok = app[CONF]["tokenizer"]
+    if tok is None:
+        prompt = _prompt_bytes(body, chat)
+        ptoks = count_tokens(prompt)
+        ids = None
+    else:
+        ids = _prompt_ids(body, chat, tok)
+        prompt = b""
+        ptoks = len(ids)
     limit = app[CONF]["max_model_len"]
     if ptoks + max_tokens > limit:
         raise BadRequest(
@@ -170,8 +252,12 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
         )
     if not engine.fits(ptoks, max_tokens):
         raise BadRequest("the request needs more KV-cache blocks than the engine has")
-    seed = xxhash.xxh32_intdigest(prompt[-256:])
-    r = engine.submit(prompt, max_tokens, seed)
+    if ids is None:
+        seed = xxhash.xxh32_intdigest(prompt[-256:])
+    else:
+        seed = xxhash.xxh32_intdigest(array("I", ids[-64:]).tobytes())
+    lora, salt = _lora_and_salt(app, body, model)
+    r = engine.submit(prompt, max_tokens, seed, ids=ids, lora=lora, salt=salt)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     created = int(time.time())
     include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
@@ -203,7 +289,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
                 "created": created,
                 "model": model,
                 "choices": [choice],
-                "usage": _usage(r),
+                "usage": _usage(r, app[CONF]["details"]),
             }
             return web.json_response(
                 obj, headers={"x-replica-id": replica, "x-cached-tokens": str(r.cached_tokens)}
@@ -255,7 +341,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
                 "created": created,
                 "model": model,
                 "choices": [],
-                "usage": _usage(r),
+                "usage": _usage(r, app[CONF]["details"], stream=True),
             }
             await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
@@ -288,6 +374,18 @@ async def models(request: web.Request) -> web.Response:
         }
         for n in conf["served"]
     ]
+    data += [
+        {
+            "id": lora.name,
+            "object": "model",
+            "created": conf["started"],
+            "owned_by": "vllm",
+            "root": lora.path,
+            "parent": conf["served"][0],
+            "max_model_len": None,
+        }
+        for lora in conf["loras"].values()
+    ]
     return web.json_response({"object": "list", "data": data})
 
 
@@ -298,6 +396,19 @@ async def health(request: web.Request) -> web.Response:
 async def tokenize_handler(request: web.Request) -> web.Response:
     body = await _body(request)
     _check_model(request, body)
+    tok = request.app[CONF]["tokenizer"]
+    if tok is not None:
+        if "messages" not in body and not isinstance(body.get("prompt"), str):
+            raise BadRequest("prompt (a string) or messages is required", param="prompt")
+        ids = _prompt_ids(body, "messages" in body, tok)
+        return web.json_response(
+            {
+                "count": len(ids),
+                "max_model_len": request.app[CONF]["max_model_len"],
+                "tokens": ids,
+                "token_strs": None,
+            }
+        )
     if "messages" in body:
         text = _prompt_bytes(body, chat=True).decode()
     elif isinstance(body.get("prompt"), str):
@@ -324,7 +435,10 @@ async def _render(request: web.Request, chat: bool) -> web.Response:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
         prompt = prompt[0]  # one prompt of token ids, as a batch of one
-    if not chat and isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+    tok = request.app[CONF]["tokenizer"]
+    if tok is not None:
+        ids = _prompt_ids({**body, "prompt": prompt} if not chat else body, chat, tok)
+    elif not chat and isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
         _prompt_bytes({"prompt": prompt}, chat)  # validates the ids
         ids = list(prompt)
     else:
@@ -372,6 +486,15 @@ async def stats(request: web.Request) -> web.Response:
             "ttft_s": [round(t, 5) for t in c.ttfts],
             "timings": c.timings,
             "cached_blocks": e.cache.cached_blocks(),
+            "preemptions": c.preemptions,
+            "kv_events": None
+            if e.events is None
+            else {
+                "endpoint": e.events.endpoint,
+                "replay_endpoint": e.events.replay_endpoint,
+                "encoding": e.events.encoding,
+                "published": e.events.published,
+            },
         }
     )
 
@@ -381,18 +504,54 @@ async def reset(request: web.Request) -> web.Response:
     return web.json_response({"reset": True})
 
 
+async def reset_prefix_cache(request: web.Request) -> web.Response:
+    # vLLM's endpoint (a dev-mode one there). Running requests are preempted and recomputed,
+    # as vLLM does when asked to reset them too; every cached block goes: AllBlocksCleared.
+    preempted = request.app[ENGINE].reset_prefix_cache()
+    return web.json_response({"reset": True, "preempted": preempted})
+
+
+async def detokenize_handler(request: web.Request) -> web.Response:
+    body = await _body(request)
+    _check_model(request, body)
+    tok = request.app[CONF]["tokenizer"]
+    ids = body.get("tokens")
+    if not isinstance(ids, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < tok.vocab_size for t in ids
+    ):
+        raise BadRequest("tokens must be a list of token ids", param="tokens")
+    return web.json_response({"prompt": tok.decode(ids)})
+
+
 def build_app(
-    *, model: str, served: list[str], engine: Engine, max_model_len: int, replica_id: str
+    *,
+    model: str,
+    served: list[str],
+    engine: Engine,
+    max_model_len: int,
+    replica_id: str,
+    tokenizer: ChatTokenizer | None = None,
+    loras: list[LoRA] | None = None,
+    enable_prompt_tokens_details: bool = False,
 ) -> web.Application:
+    """Without a tokenizer the simulator always reports cached tokens (as it always has);
+    with one it follows vLLM: only with enable_prompt_tokens_details, only when nonzero."""
     app = web.Application(middlewares=[json_errors], client_max_size=64 * 1024 * 1024)
     app[ENGINE] = engine
     m = EngineMetrics(model, engine)
     app[METRICS] = m
+    if tokenizer is None:
+        details = "always"
+    else:
+        details = "on" if enable_prompt_tokens_details else "off"
     app[CONF] = {
         "served": served,
         "max_model_len": max_model_len,
         "replica_id": replica_id,
         "started": int(time.time()),
+        "tokenizer": tokenizer,
+        "loras": {lora.name: lora for lora in loras or ()},
+        "details": details,
     }
 
     def on_first(r: Request) -> None:
@@ -409,11 +568,16 @@ def build_app(
 
     engine._on_first_token = on_first
     engine._on_finish = on_finish
+    engine.on_preempt = lambda r: m.preempted()
 
     async def lifecycle(app: web.Application):
+        if engine.events is not None:
+            engine.events.start()
         engine.start()
         yield
         await engine.stop()
+        if engine.events is not None:
+            await engine.events.close()
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/v1/completions", completions)
@@ -426,4 +590,7 @@ def build_app(
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/stats", stats)
     app.router.add_post("/reset", reset)
+    app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
+    if tokenizer is not None:
+        app.router.add_post("/detokenize", detokenize_handler)
     return app

@@ -54,9 +54,7 @@ async def test_streamed_chat_events_are_whole_openai_chunks(client):
     # Events are assembled from bytes made once per stream: each must still be one JSON
     # chunk with the fields and values an OpenAI client reads.
     body = {"model": "m", "messages": [{"role": "user", "content": 'say "hi"'}]}
-    resp = await client.post(
-        "/v1/chat/completions", json={**body, "max_tokens": 3, "stream": True}
-    )
+    resp = await client.post("/v1/chat/completions", json={**body, "max_tokens": 3, "stream": True})
     events = [
         line[5:].strip() for line in (await resp.read()).split(b"\n") if line.startswith(b"data:")
     ]
@@ -162,3 +160,19 @@ async def test_a_wrong_method_is_405_with_allow(client):
     assert resp.status == 405
     assert "POST" in resp.headers["Allow"]
     assert (await resp.json())["error"]["code"] == 405
+
+
+async def test_a_cache_salt_keys_the_byte_cache(client):
+    # Byte mode (no tokenizer, what every bench runs) seeds the block hashes with the salt;
+    # a salted request once crashed the simulator with a 500 (a str given to xxhash).
+    base = {"model": "m", "prompt": "select rows from the table " * 40, "max_tokens": 2}
+
+    async def cached(**kw):
+        r = await client.post("/v1/completions", json={**base, **kw})
+        assert r.status == 200, await r.text()
+        return (await r.json())["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    assert await cached(cache_salt="tenant-a") == 0
+    assert await cached(cache_salt="tenant-a") > 0
+    assert await cached(cache_salt="tenant-b") == 0
+    assert await cached() == 0
