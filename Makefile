@@ -1,10 +1,13 @@
-# Two entry points a user needs: `make demo` and `make test`. Everything else is plumbing.
+# Entry points a user needs: `make demo`, `make test`, and `make cluster` (a real single-node
+# cluster on this machine running the product; `make cluster-down` removes it). The rest is
+# plumbing.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint bench bench-quick redis k8s-binaries helm clean
+.PHONY: demo test lint bench bench-quick redis k8s-binaries helm llama image node-images \
+	cluster cluster-down clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required (found %s)" % sys.version.split()[0])'
@@ -22,15 +25,49 @@ k8s-binaries:
 helm:
 	@bash hack/ensure-helm.sh >/dev/null
 
+# llama.cpp's llama-server built from source once (cached under ~/.cache/prefix-router/llama/)
+# and the tiny random-weight GGUF the tests serve with it. TOKENIZER_DIR: the tokenizer to embed.
+TOKENIZER_DIR ?= sim/engine_sim/data/tiny-tokenizer
+LLAMA_STAMP := $(VENV)/.llama-stamp
+$(LLAMA_STAMP): pyproject.toml $(STAMP)
+	$(PY) -m pip install -q -e '.[test,bench,llama]'
+	@touch $@
+
+llama: $(LLAMA_STAMP)
+	@PYTHON=$(PY) bash hack/llama/ensure.sh
+	@$(PY) hack/llama/make_gguf.py $(TOKENIZER_DIR)
+
+# The images the real node runs (product from the Dockerfile, Redis, pause, CoreDNS), built
+# without Docker and cached by content; imported into the node when one is up.
+image: k8s-binaries
+	@bash hack/image/build.sh >/dev/null
+	@$(PYTHON) e2e/cluster/cluster.py import-images
+
+# For `make test`: the images where this machine can run a node at all (root, Linux, cgroups,
+# overlayfs); elsewhere the node suite skips and says which check failed.
+node-images: k8s-binaries
+	@if $(PYTHON) e2e/cluster/cluster.py check >/dev/null; then \
+	  bash hack/image/build.sh >/dev/null; else $(PYTHON) e2e/cluster/cluster.py check || true; fi
+
+# A real single-node cluster (kubelet, containerd, runc, CNI bridge, kube-proxy, CoreDNS) in the
+# background; prints its KUBECONFIG. Then: helm install ... charts/prefix-router (README).
+cluster: image
+	@$(PYTHON) e2e/cluster/cluster.py up
+
+cluster-down:
+	@$(PYTHON) e2e/cluster/cluster.py down
+
 demo: $(STAMP)
 	$(PY) -m bench demo
 
-test: $(STAMP) redis k8s-binaries helm
+test: $(STAMP) redis k8s-binaries helm llama node-images
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -rs --ignore=tests/redis
+	$(PY) -m pytest -q -rs --ignore=tests/redis --ignore=tests/node
 	# The Redis store tests run in their own process, so their real redis-servers and
 	# timers do not share a loop with the control-plane tests.
 	$(PY) -m pytest -q -rs tests/redis
+	# The real node: one cluster for the whole suite, the machine restored at its end.
+	$(PY) -m pytest -q -rs tests/node
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

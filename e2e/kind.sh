@@ -167,8 +167,8 @@ say "checking the release"
 kubectl -n "$RELEASE_NS" wait --for=condition=Available deployment --all --timeout=180s
 if [ "$api_service" = true ]; then
   kubectl wait --for=condition=Available "apiservice/$APISERVICE" --timeout=120s
-  kubectl get --raw "/apis/external.metrics.k8s.io/v1beta1" | grep -q prefixrouter_working_set_tokens \
-    || die "the aggregated API does not list prefixrouter_working_set_tokens"
+  kubectl get --raw "/apis/external.metrics.k8s.io/v1beta1" | grep -q prefix_router_working_set_tokens \
+    || die "the aggregated API does not list prefix_router_working_set_tokens"
 fi
 # A model for the in-cluster operator: its model servers land on the kwok GPU nodes.
 kubectl apply -n "$WATCH_NS" -f - <<'EOF'

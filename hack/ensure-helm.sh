@@ -9,7 +9,8 @@
 #
 # --check: only look (HELM, cache); never build; exit 3 when there is no helm.
 #
-# Knobs: HELM_VERSION (v3.22.0), GO (go binary), GOPROXY, GOTOOLCHAIN.
+# Knobs: HELM_VERSION (v3.21.4: the module proxy here serves v3.22.0 but marks it as not
+#        approved), GO (go binary), GOPROXY, GOTOOLCHAIN.
 # A helm already on PATH is not used: the tests pin one version so that lint rules and
 # template functions do not drift from machine to machine.
 set -euo pipefail
@@ -21,7 +22,7 @@ case "${1:-}" in
   *) echo "usage: $0 [--check]" >&2; exit 2 ;;
 esac
 
-HELM_VERSION="${HELM_VERSION:-v3.22.0}"
+HELM_VERSION="${HELM_VERSION:-v3.21.4}"
 CACHE_ROOT="${PREFIXROUTER_HELM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/prefix-router/helm}"
 DEST="$CACHE_ROOT/$HELM_VERSION"
 BIN="$DEST/helm"

@@ -1,5 +1,7 @@
 """A real, local Kubernetes control plane for tests: etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler and kwok (fake nodes whose pods go Running and Ready).
+With nodes=0 and an `address` of its own it is the control plane of the real node instead
+(e2e/cluster/node.py): no kwok, kube-apiserver on that address, reachable from pods.
 
 No mocks: the binaries are the official ones (see hack/cluster/ensure-binaries.sh, which
 builds and caches them or finds them through KUBEBUILDER_ASSETS / PREFIXROUTER_K8S_BIN).
@@ -8,7 +10,8 @@ builds and caches them or finds them through KUBEBUILDER_ASSETS / PREFIXROUTER_K
     with ControlPlane(ensure_binaries(), "/tmp/cp") as cp:
         cp.kubectl("get", "nodes")
 
-Everything binds to 127.0.0.1 on free ports; certificates are made with the openssl CLI;
+Everything binds to 127.0.0.1 (kube-apiserver: `address`) on free ports; certificates are made
+with the openssl CLI;
 each component logs to <work_dir>/logs/<name>.log; stop() kills every process group.
 This file is a plain module (no package): put e2e/cluster on sys.path to import it.
 """
@@ -212,13 +215,14 @@ class ControlPlane:
         nodes: int = 2,
         node_prefix: str = "kwok-gpu",
         node_capacity: dict[str, str] | None = None,
-        service_cidr: str = "10.96.0.0/16",
-        pod_cidr: str = "10.244.0.0/16",
+        service_cidr: str = "198.19.0.0/16",
+        pod_cidr: str = "198.18.0.0/16",
         hpa_sync_period: str = "5s",
         kwok_stages: str | os.PathLike[str] | None = None,
         timeout: float = 90.0,
         extra_apiserver_args: Iterable[str] = (),
         kubectl: str | None = None,
+        address: str = "127.0.0.1",
     ):
         self.bin_dir = Path(bin_dir).resolve()
         self.work_dir = Path(work_dir).resolve()
@@ -238,6 +242,7 @@ class ControlPlane:
         self.kwok_stages = Path(kwok_stages) if kwok_stages else KWOK_STAGES
         self.timeout = timeout
         self.extra_apiserver_args = list(extra_apiserver_args)
+        self.address = address
         self._kubectl = kubectl
         self._procs: list[_Proc] = []
         self.server = ""
@@ -258,10 +263,11 @@ class ControlPlane:
 
     def start(self) -> ControlPlane:
         t0 = time.monotonic()
-        missing = [b for b in REQUIRED_BINARIES if not (self.bin_dir / b).exists()]
+        needed = REQUIRED_BINARIES if self.nodes else REQUIRED_BINARIES[:-1]  # kwok last
+        missing = [b for b in needed if not (self.bin_dir / b).exists()]
         if missing:
             raise BinariesUnavailable(f"{self.bin_dir} lacks {', '.join(missing)}")
-        if not self.kwok_stages.exists():
+        if self.nodes and not self.kwok_stages.exists():
             raise ControlPlaneError(f"kwok stage config not found: {self.kwok_stages}")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         atexit.register(self.stop)
@@ -274,11 +280,14 @@ class ControlPlane:
             self._mark("kube-apiserver", t0)
             self._start_controller_manager()
             self._start_scheduler()
-            self._start_kwok()
+            if self.nodes:
+                self._start_kwok()
             self._wait_components()
             self._mark("controllers", t0)
-            self._create_nodes()
-            self._mark("nodes", t0)
+            if self.nodes:
+                self._create_nodes()
+                self._mark("nodes", t0)
+            self._wait_default_service_account()
         except BaseException:
             self.stop()
             raise
@@ -425,13 +434,22 @@ class ControlPlane:
     def log_path(self, component: str) -> Path:
         return self.log_dir / f"{component}.log"
 
+    def write_kubeconfig(self, path: Path, cred: tuple[Path, Path], user: str) -> None:
+        """A kubeconfig for this cluster with a client certificate (issue_client_cert)."""
+        self._write_kubeconfig(path, cred, user)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.popen.pid for p in self._procs]
+
     # -- internals -------------------------------------------------------------------------
 
     def _make_pki(self) -> None:
         pki = self._pki = _Certs(self.work_dir / "pki")
         self.ca = pki.ca("ca", "prefixrouter-test-ca")
         first_service_ip = _first_ip(self.service_cidr)
-        sans = ["IP:127.0.0.1", f"IP:{first_service_ip}", "DNS:localhost", "DNS:kubernetes",
+        own = [] if self.address == "127.0.0.1" else [f"IP:{self.address}"]
+        sans = [*own, "IP:127.0.0.1", f"IP:{first_service_ip}", "DNS:localhost", "DNS:kubernetes",
                 "DNS:kubernetes.default", "DNS:kubernetes.default.svc",
                 "DNS:kubernetes.default.svc.cluster.local"]
         self.serving = pki.cert("apiserver", self.ca, "kube-apiserver", server_sans=sans,
@@ -443,6 +461,9 @@ class ControlPlane:
         self.front_proxy_ca = pki.ca("front-proxy-ca", "front-proxy-ca")
         self.front_proxy_client = pki.cert("front-proxy-client", self.front_proxy_ca,
                                            "front-proxy-client")
+        # What kube-apiserver shows a kubelet (logs, exec, port-forward): full rights there.
+        self.kubelet_client = pki.cert("apiserver-kubelet-client", self.ca,
+                                       "kube-apiserver-kubelet-client", orgs=["system:masters"])
         self.sa_key, self.sa_pub = pki.sa_keypair()
         self.front_proxy_ca_file = self.front_proxy_ca[0]
 
@@ -530,15 +551,21 @@ class ControlPlane:
 
     def _start_apiserver(self) -> None:
         port = free_port()
-        self.server = f"https://127.0.0.1:{port}"
+        self.server = f"https://{self.address}:{port}"
+        loopback = self.address == "127.0.0.1"
         proc = self._spawn("kube-apiserver", [
             str(self.bin_dir / "kube-apiserver"),
             f"--etcd-servers={self.etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={self.address}",
+            f"--advertise-address={self.address}",
             # a loopback advertise address cannot go into the 'kubernetes' Endpoints (and
-            # recent apiservers refuse to start with it unless the reconciler is off)
-            "--endpoint-reconciler-type=none",
+            # recent apiservers refuse to start with it unless the reconciler is off); a real
+            # node's pods reach kube-apiserver through that Service, so there it stays on
+            *(["--endpoint-reconciler-type=none"] if loopback else []),
+            f"--kubelet-client-certificate={self.kubelet_client[0]}",
+            f"--kubelet-client-key={self.kubelet_client[1]}",
+            # the real node has one address, its InternalIP, and no resolvable hostname
+            *([] if loopback else ["--kubelet-preferred-address-types=InternalIP"]),
             f"--secure-port={port}",
             f"--cert-dir={self.work_dir / 'apiserver-certs'}",
             f"--tls-cert-file={self.serving[0]}",
@@ -647,7 +674,8 @@ class ControlPlane:
         insecure = self._insecure_ssl()
         self._wait_http(self._kcm, self.kcm_healthz, insecure)
         self._wait_http(self._scheduler, self.scheduler_readyz, insecure)
-        self._wait_http(self._kwok, self.kwok_healthz, None)
+        if self.nodes:
+            self._wait_http(self._kwok, self.kwok_healthz, None)
 
     def node_manifest(self, name: str) -> dict[str, Any]:
         return {
@@ -691,6 +719,8 @@ class ControlPlane:
         except ControlPlaneError as e:
             raise ControlPlaneError(f"{e}; last lines of kwok log:\n"
                                     f"{_tail(self.log_path('kwok'))}") from e
+
+    def _wait_default_service_account(self) -> None:
         # the default ServiceAccount must exist before pods can be admitted in 'default'
         self.wait_for(
             lambda: self.request("GET", "/api/v1/namespaces/default/serviceaccounts/default"),

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Make sure the binaries of a real local Kubernetes control plane exist:
-#   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok
+# Make sure the binaries of a real local Kubernetes cluster exist:
+#   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok (the control
+#   plane with fake nodes, tests/k8s) and kubelet, kube-proxy, coredns (the real node, e2e/cluster)
 #
 # Order of preference:
 #   1. PREFIXROUTER_K8S_BIN=/dir   (must hold all six binaries; an error otherwise)
@@ -16,7 +17,8 @@
 # --check: only look (env vars, cache); never build; exit 3 when the binaries are not there.
 #
 # Knobs: K8S_VERSION (v1.36.3), ETCD_VERSION (v3.6.8), KWOK_VERSION (v0.8.0),
-#        PREFIXROUTER_K8S_CACHE (cache root), GO (go binary), GOPROXY, GOTOOLCHAIN.
+#        COREDNS_VERSION (v1.15.0), PREFIXROUTER_K8S_CACHE (cache root), GO (go binary),
+#        GOPROXY, GOTOOLCHAIN.
 set -euo pipefail
 
 CHECK_ONLY=0
@@ -29,9 +31,10 @@ esac
 K8S_VERSION="${K8S_VERSION:-v1.36.3}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.8}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
+COREDNS_VERSION="${COREDNS_VERSION:-v1.15.0}"
 CACHE_ROOT="${PREFIXROUTER_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/prefix-router/k8s}"
 BIN_DIR_FILE="$CACHE_ROOT/bin-dir"
-BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok)
+BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kubelet kube-proxy coredns)
 
 log() { echo "ensure-binaries: $*" >&2; }
 die() { echo "ensure-binaries: error: $*" >&2; exit 1; }
@@ -85,15 +88,16 @@ merge_assets() { # link KUBEBUILDER_ASSETS binaries over the built ones
 
 # ---------------------------------------------------------------- 3. cache
 if [ -z "$(missing_in "$BIN")" ] && grep -qx "etcd $ETCD_VERSION" "$BIN/VERSIONS" 2>/dev/null \
-    && grep -qx "kwok $KWOK_VERSION" "$BIN/VERSIONS" 2>/dev/null; then
-  log "cached: $BIN (k8s $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION); nothing to build"
+    && grep -qx "kwok $KWOK_VERSION" "$BIN/VERSIONS" 2>/dev/null \
+    && grep -qx "coredns $COREDNS_VERSION" "$BIN/VERSIONS" 2>/dev/null; then
+  log "cached: $BIN (k8s $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION, coredns $COREDNS_VERSION); nothing to build"
   [ -n "$ASSETS" ] && merge_assets
   publish "$BIN"
 fi
 
 # ---------------------------------------------------------------- 4. build
 if [ "$CHECK_ONLY" = 1 ]; then
-  echo "ensure-binaries: error: no Kubernetes binaries for k8s $K8S_VERSION / etcd $ETCD_VERSION / kwok $KWOK_VERSION in $BIN." >&2
+  echo "ensure-binaries: error: no Kubernetes binaries for k8s $K8S_VERSION / etcd $ETCD_VERSION / kwok $KWOK_VERSION / coredns $COREDNS_VERSION in $BIN." >&2
   echo "  Build them once with 'make k8s-binaries' (bash hack/cluster/ensure-binaries.sh; needs go >= 1.26" >&2
   echo "  and the Go module proxy), or set PREFIXROUTER_K8S_BIN / KUBEBUILDER_ASSETS to a directory holding: ${BINARIES[*]}" >&2
   exit 3
@@ -120,7 +124,7 @@ export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 export GOFLAGS=-mod=mod
 export CGO_ENABLED=0
 export GOWORK=off
-log "building k8s $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION with $("$GO" version) (GOPROXY=$GOPROXY)"
+log "building k8s $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION, coredns $COREDNS_VERSION with $("$GO" version) (GOPROXY=$GOPROXY)"
 log "this is a one-time cold build (tens of minutes on 2 cores); later runs print 'cached'"
 start=$(date +%s)
 
@@ -182,7 +186,8 @@ for p in $pkg $cpkg; do
   [ -n "$commit" ] && ldflags+=" -X $p.gitCommit=$commit"
 done
 
-log "go build kube-apiserver kube-controller-manager kube-scheduler kubectl etcd (one invocation)"
+# One invocation: the binaries share most of k8s.io/kubernetes, which is compiled once.
+log "go build kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy etcd (one invocation)"
 (
   cd "$BUILD"
   "$GO" build -trimpath -ldflags="$ldflags" -o "$STAGE/" \
@@ -190,6 +195,8 @@ log "go build kube-apiserver kube-controller-manager kube-scheduler kubectl etcd
     k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler \
     k8s.io/kubernetes/cmd/kubectl \
+    k8s.io/kubernetes/cmd/kubelet \
+    k8s.io/kubernetes/cmd/kube-proxy \
     go.etcd.io/etcd/server/v3
 ) >&2 || die "go build of the Kubernetes binaries failed (see above); module dir: $BUILD"
 # The etcd main package is go.etcd.io/etcd/server/v3: go names that binary after "server".
@@ -200,6 +207,11 @@ log "go install sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
 GOBIN="$STAGE" GOFLAGS= "$GO" install -trimpath -ldflags="-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" >&2 \
   || die "go install sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION failed (see above)"
 
+# CoreDNS for the real node's cluster DNS; static, as its image has nothing else (FROM scratch).
+log "go install github.com/coredns/coredns@$COREDNS_VERSION"
+GOBIN="$STAGE" GOFLAGS= "$GO" install -trimpath -ldflags="-s -w" "github.com/coredns/coredns@$COREDNS_VERSION" >&2 \
+  || die "go install github.com/coredns/coredns@$COREDNS_VERSION failed (see above)"
+
 miss="$(missing_in "$STAGE" | tr '\n' ' ')"
 [ -z "$miss" ] || die "build finished but these binaries are missing: $miss"
 rm -rf "$BIN" && mv "$STAGE" "$BIN"
@@ -207,6 +219,7 @@ cat >"$BIN/VERSIONS" <<EOF
 kubernetes $K8S_VERSION
 etcd $ETCD_VERSION
 kwok $KWOK_VERSION
+coredns $COREDNS_VERSION
 go $("$GO" env GOVERSION)
 built $now in $(( $(date +%s) - start ))s
 EOF
