@@ -1,236 +1,177 @@
-"""`python -m bench`: run | overhead | demo | suite | stream-cpu | anchors-smoke | ..."""
+"""`python -m bench <scenario>`: one subcommand per scenario of bench/scenarios.py, plus `run`
+(one workload through one router setup) and `install` (the anchors' cached venvs)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import json
+import shlex
 import sys
+from pathlib import Path
+from typing import Any
 
-from .provenance import stamp
-from .run import RunConfig, run, write_json
-from .workloads import WORKLOADS
+import yaml
 
-POLICIES = ("prefix", "round-robin", "random", "least-loaded", "chwbl")
+from . import abuse
+from .harness.workloads import WORKLOADS
+from .scenarios import INDEXES, SCENARIOS, SETUPS, Scenario, indexed, setup
+
+ALIASES = {"overhead-all": ("overhead", "ours and every anchor router, one after the other",
+                            ("prefix", "prefix-redis", "sglang-cache_aware", "vllm-cache_aware",
+                             "vllm-consistent_hash"))}
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="one workload through one router configuration")
-    r.add_argument("--workload", choices=WORKLOADS, required=True)
-    r.add_argument("--router", choices=POLICIES, default="prefix")
+def generic(p: argparse.ArgumentParser) -> None:
+    """The flags every routing scenario takes: each overrides the scenario's declaration."""
+    p.add_argument("--quick", action="store_true", help="the scenario's short variant")
+    p.add_argument("--repeat", type=int, help="rounds (every setup once per round)")
+    p.add_argument("--seconds", type=float, help="of load per rate")
+    p.add_argument("--rate", "--rates", dest="rates", type=float, nargs="+", help="req/s")
+    p.add_argument("--workload", "--workloads", dest="workloads", nargs="+", choices=WORKLOADS)
+    p.add_argument("--setups", "--routers", dest="setups", nargs="+", metavar="SETUP",
+                   help=f"{', '.join(SETUPS)}, or prefix,key=value[,key=value] (router settings)")
+    p.add_argument("--requests", type=int, help="a fixed count of requests (single-turn)")
+    p.add_argument("--tag", help="tells this run's points apart from others of the same points")
+    p.add_argument("--router-kv-capacity-factor", dest="capacity_factor", type=float,
+                   help="the routers are told F x the simulators' KV capacity (default 1)")
+    p.add_argument("--index", nargs="+", choices=INDEXES, metavar="MODE",
+                   help="what feeds our prefix router's index: approx, corrected, events (one "
+                   "setup per mode; the simulators then speak vLLM's tokens and KV events)")
+    p.add_argument("--out", help="results folder (default: the scenario's, under bench/results)")
+    p.add_argument("--report", action="store_true", help="only rebuild the report from its JSON")
+    p.add_argument("--json", help="also write the last point's JSON here")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="scenario")
+    r = sub.add_parser("run", help="one workload through one router setup; prints its JSON")
+    generic(r)
+    r.add_argument("--router", dest="setups", nargs=1, help="a setup, as --setups")
     r.add_argument("--replicas", type=int, default=8)
-    r.add_argument("--rate", type=float, default=10.0, help="requests per second")
-    r.add_argument("--seconds", type=float, default=60.0)
     r.add_argument("--router-replicas", type=int, default=1)
-    r.add_argument("--store", choices=("local", "redis"), default="local")
     r.add_argument("--redis-url")
     r.add_argument("--profile", default="llama-3.1-70b-h100")
     r.add_argument("--time-scale", type=float, default=1.0)
     r.add_argument("--kv-capacity", type=int)
     r.add_argument("--seed", type=int, default=7)
-    r.add_argument("--router-config", help="a router settings YAML passed to every router")
-    r.add_argument("--json", dest="json_out")
-    r.add_argument("--requests-out", help="JSON Lines of every request (TTFT, cached tokens, ...)")
-    o = sub.add_parser("overhead", help="router overhead vs direct calls to a zero-latency sim")
-    o.add_argument("--rate", type=float, default=500)
-    o.add_argument("--seconds", type=float, default=20)
-    o.add_argument("--store", choices=("local", "redis"), default="local")
-    o.add_argument("--json", dest="json_out")
-    from .overhead import add_arguments as overhead_all_arguments
+    r.add_argument("--router-config", help="a router settings YAML given to every router")
+    for name, sc in [*SCENARIOS.items(), *((a, SCENARIOS[s]) for a, (s, _, _) in ALIASES.items())]:
+        one = sub.add_parser(name, help=ALIASES[name][1] if name in ALIASES else sc.help)
+        if sc.kind == "autoscale":
+            one.add_argument("--rate", type=float, default=4.0, help="requests per second")
+            one.add_argument("--ramp-seconds", type=float, default=120.0)
+            one.add_argument("--hold-seconds", type=float, default=30.0)
+            one.add_argument("--stabilization-seconds", type=int, default=30)
+            one.add_argument("--max-replicas", type=int, default=6)
+            one.add_argument("--out", default="bench/results/autoscale")
+            one.add_argument("--report", action="store_true", help="rebuild from its JSON")
+            continue
+        generic(one)
+        if sc.parts:
+            one.add_argument("--only", choices=sc.parts)
+    for one in (r, sub.choices["overhead"]):
+        one.add_argument("--store", choices=("local", "redis"), default="local")
+    sub.add_parser("install", help="the anchors' and clients' pinned, cached venvs").add_argument(
+        "names", nargs="*", metavar="name", help="default: every one")
+    abuse.register(sub)
+    return p
 
-    overhead_all_arguments(
-        sub.add_parser("overhead-all", help="overhead of ours and of each anchor router")
-    )
-    d = sub.add_parser("demo", help="system-prompts through prefix, round-robin, least-loaded")
-    d.add_argument("--seconds", type=float, default=45)
-    d.add_argument("--rate", type=float, default=None)
-    s = sub.add_parser("suite", help="the committed results of bench/results")
-    s.add_argument("--quick", action="store_true")
-    s.add_argument("--only", choices=("routing", "sweep", "overhead"))
-    s.add_argument("--repeat", type=int, default=3,
-                   help="runs of each routing pair (medians and spreads are reported)")
-    f = sub.add_parser("fault", help="kill redis-server mid-run under 3 routers; plot recovery")
-    f.add_argument("--rate", type=float, default=24.0)
-    f.add_argument("--seconds", type=float, default=120.0)
-    sub.add_parser("redis-memory", help="Redis memory per million ownership entries")
-    so = sub.add_parser("scale-out", help="4 replicas become 8 mid-run, warm start on/off")
-    so.add_argument("--rate", type=float, default=16.0)
-    so.add_argument("--seconds", type=float, default=90.0)
-    ss = sub.add_parser("shared-store", help="1 router vs 3 on Redis vs 3 local (issue 4)")
-    ss.add_argument("--workloads", nargs="+", default=["system-prompts", "customers"])
-    ss.add_argument("--rate", type=float, default=24.0)
-    ss.add_argument("--seconds", type=float, default=60.0)
-    sub.add_parser("report", help="rebuild bench/results/README.md from the JSON files")
-    from .compare import ROUTERS as CHECK_ROUTERS
 
-    lp = sub.add_parser("long-point", help="one workload and rate, long, through router setups")
-    lp.add_argument("--workload", default="multi-turn", choices=WORKLOADS)
-    lp.add_argument("--rate", type=float, default=32.0)
-    lp.add_argument("--seconds", type=float, default=30.0)
-    lp.add_argument("--repeat", type=int, default=2)
-    lp.add_argument("--setups", nargs="+", default=["prefix", "sglang-cache_aware"],
-                    help="router names, or prefix,key=value[,key=value] (router settings)")
-    lp.add_argument("--tag", default="", help="suffix of the result file (keeps other runs)")
-    hw = sub.add_parser("hit-wait", help="where a hit's TTFT goes, from --requests-out files")
-    hw.add_argument("files", nargs="+")
-    hw.add_argument("--profile", default="llama-3.1-70b-h100")
-    from .first_chunk import add_arguments as first_chunk_arguments
+def declared(args: argparse.Namespace) -> list[Scenario]:
+    """The scenarios the command line asks for (a suite's parts, or the one), each its
+    declaration with --quick's overrides and then the flags'."""
+    name = ALIASES[args.cmd][0] if args.cmd in ALIASES else args.cmd
+    sc = SCENARIOS.get(name) or Scenario("run", "", fresh_fleet=True, out=".")
+    over: dict[str, Any] = {k: getattr(args, k) for k in (
+        "seconds", "requests", "tag", "capacity_factor") if getattr(args, k)}
+    over.update({k: tuple(getattr(args, k)) for k in ("workloads", "rates", "setups")
+                 if getattr(args, k)})
+    if args.repeat:
+        over["repeats"] = args.repeat
+    if args.cmd in ALIASES:
+        over.setdefault("setups", ALIASES[args.cmd][2])
+    if getattr(args, "store", "") == "redis" and sc.kind == "overhead":
+        over["setups"] = ("prefix-redis",)
+    if name == "run":
+        s = setup(over.get("setups", ("prefix",))[0])
+        cfg = yaml.safe_load(Path(args.router_config).read_text()) if args.router_config else {}
+        over.update(setups=(dataclasses.replace(s, settings={**s.settings, **cfg},
+                                                replicas=args.router_replicas, store=args.store),),
+                    replicas=args.replicas, redis_url=args.redis_url, profile=args.profile,
+                    time_scale=args.time_scale, kv_capacity=args.kv_capacity, seed=args.seed,
+                    rates=over.get("rates", (10.0,)),
+                    workloads=over.get("workloads", ("system-prompts",))[:1])
+    if getattr(args, "index", None):
+        over["setups"] = indexed(over.get("setups", sc.setups), args.index)
+        over["kv_events"] = True
+    for s in over.get("setups", ()):
+        setup(s)  # refuse a bad setup before anything starts
+    out = []
+    for part in [SCENARIOS[p] for p in sc.parts if getattr(args, "only", None) in (None, p)] \
+            or [sc]:
+        if args.out:
+            over["out"] = str(Path(args.out) / part.out) if sc.parts else args.out
+        out.append(dataclasses.replace(part, **{**(part.quick if args.quick else {}), **over}))
+    return out
 
-    first_chunk_arguments(sub.add_parser(
-        "first-chunk", help="client-to-engine time to the first chunk: direct, pipe, router"))
-    from .stream_cpu import add_arguments as stream_cpu_arguments
 
-    stream_cpu_arguments(sub.add_parser(
-        "stream-cpu", help="CPU per streamed token of the simulator and the load generator"))
-    cc = sub.add_parser("client-check",
-                        help="the same requests from our load generator and inference-perf")
-    cc.add_argument("--workload", default="system-prompts",
-                    choices=[w for w in WORKLOADS if w != "multi-turn"])
-    cc.add_argument("--routers", nargs="+", default=["prefix", "round-robin"],
-                    choices=CHECK_ROUTERS)
-    cc.add_argument("--rate", type=float, default=8.0)
-    cc.add_argument("--requests", type=int, default=240)
-    a = sub.add_parser("anchors-smoke", help="anchor routers, then third-party clients")
-    a.add_argument("--sims", type=int, default=3)
-    a.add_argument("--rate", type=float, default=5.0)
-    a.add_argument("--seconds", type=float, default=10.0)
-    a.add_argument("--no-client", action="store_true", help="skip the third-party clients")
-    from .compare import add_arguments as compare_arguments
-
-    compare_arguments(sub.add_parser("compare", help="every router and anchor side by side"))
-    au = sub.add_parser("autoscale", help="cache pressure -> real HPA -> operator -> kwok pods")
-    au.add_argument("--rate", type=float, default=4.0, help="requests per second")
-    au.add_argument("--ramp-seconds", type=float, default=120.0)
-    au.add_argument("--hold-seconds", type=float, default=30.0)
-    au.add_argument("--stabilization-seconds", type=int, default=30)
-    au.add_argument("--max-replicas", type=int, default=6)
-    au.add_argument("--out", default="bench/results/autoscale")
-    au.add_argument("--report-only", action="store_true",
-                    help="rebuild summary, plot and README from the out dir's autoscale.json")
-    args = p.parse_args(argv)
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser().parse_args(argv)
+    command = ".venv/bin/python -m bench " + shlex.join(argv)
     try:
         import uvloop
 
         uvloop.install()  # the load generator's own overhead is part of what it measures
     except ImportError:
         pass
+    if args.cmd == "install":
+        from .harness.anchors import check_names, install
 
-    if args.cmd == "run":
-        cfg = RunConfig(
-            workload=args.workload,
-            router=args.router,
-            replicas=args.replicas,
-            rate=args.rate,
-            seconds=args.seconds,
-            router_replicas=args.router_replicas,
-            store=args.store,
-            profile=args.profile,
-            time_scale=args.time_scale,
-            kv_capacity=args.kv_capacity,
-            seed=args.seed,
-            redis_url=args.redis_url,
-            router_args=("--config", args.router_config) if args.router_config else (),
-            requests_out=args.requests_out,
-        )
-        # host and time: the same code measured differently on the hosts sessions ran on
-        write_json({**asyncio.run(run(cfg)), **stamp()}, args.json_out)
-    elif args.cmd == "overhead":
-        from .overhead import measure
+        for n in check_names(args.names):
+            print(n, install(n), flush=True)
+        return
+    if args.cmd == "autoscale":
+        return autoscale(args, command)
+    if args.cmd == "abuse":
+        return abuse.main(args, command)
+    from .report import cell, demo_sentences, label, md_table, write
+    from .runner import run_scenario
 
-        write_json(asyncio.run(measure(args.rate, args.seconds, store=args.store)), args.json_out)
-    elif args.cmd == "overhead-all":
-        from .overhead import main_all
+    rows: list[dict[str, Any]] = []
+    scenarios = declared(args)
+    for sc in [] if args.report else scenarios:
+        rows = asyncio.run(run_scenario(sc, command, write=sc.name != "run"))
+        if rows and (sc.name == "run" or args.json):
+            print(text := json.dumps(rows[-1], indent=2))
+            if args.json:
+                Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+                Path(args.json).write_text(text + "\n")
+    sc = SCENARIOS[args.cmd] if SCENARIOS.get(args.cmd, scenarios[0]).parts else scenarios[0]
+    if sc.name == "demo":
+        print("\n".join(["", *md_table([label(c) for c in sc.columns],
+                                       [[cell(r, c) for c in sc.columns] for r in rows]), ""]))
+        print(demo_sentences(rows))
+    elif sc.name != "run":
+        write(dataclasses.replace(sc, out=args.out) if args.out and sc.parts else sc)
 
-        main_all(args)
-    elif args.cmd == "demo":
-        from .demo import demo
 
-        demo(args.seconds, args.rate)
-    elif args.cmd == "suite":
-        from .suite import suite
+def autoscale(args: argparse.Namespace, command: str) -> None:
+    from .autoscale import Settings, main, rebuild
 
-        suite(quick=args.quick, only=args.only, repeat=1 if args.quick else args.repeat)
-    elif args.cmd == "long-point":
-        from .long_point import main as long_point_main
-
-        r = long_point_main(args.workload, args.rate, args.seconds, args.repeat, args.setups,
-                            args.tag)
-        for setup, fig in r["summary"].items():
-            print(setup, fig)
-    elif args.cmd == "hit-wait":
-        from .hit_wait import main as hit_wait_main
-
-        print(hit_wait_main(args.files, args.profile))
-    elif args.cmd == "first-chunk":
-        from .first_chunk import main as first_chunk_main
-
-        first_chunk_main(args)
-    elif args.cmd == "stream-cpu":
-        from .stream_cpu import main as stream_cpu_main
-
-        r = stream_cpu_main(args)
-        print(f"simulator {r['sim_us_per_token']} us/token, "
-              f"load generator {r['client_us_per_token']} us/token")
-    elif args.cmd == "client-check":
-        from .client_check import main as client_check_main
-
-        r = client_check_main(args.workload, args.routers, args.rate, args.requests)
-        for router, v in r["verdicts"].items():
-            print(f"{router}: {v}")
-    elif args.cmd == "fault":
-        from .fault import main as fault_main
-
-        r = fault_main(args.rate, args.seconds)
-        print(f"failed requests {r['failed_requests']}, recovery {r['recovery_s']} s")
-    elif args.cmd == "scale-out":
-        from .scale_out import main as scale_main
-
-        r = scale_main(args.rate, args.seconds)
-        for one in r["runs"]:
-            print(f"warm_start={one['warm_start']}: 40% share after {one['seconds_to_40pct']} s; "
-                  f"first 30 s after the join {one['first_30s_after_join']}; "
-                  f"failed {one['failed_requests']}")
-    elif args.cmd == "shared-store":
-        from .shared_store import main as shared_main
-
-        print(shared_main(args.workloads, args.rate, args.seconds))
-    elif args.cmd == "redis-memory":
-        from .redis_memory import main as memory_main
-
-        print(memory_main())
-    elif args.cmd == "report":
-        from .suite import write_readme
-
-        write_readme()
-    elif args.cmd == "anchors-smoke":
-        from .anchors import smoke
-
-        asyncio.run(smoke(args.sims, args.rate, args.seconds, client=not args.no_client))
-    elif args.cmd == "compare":
-        from .compare import main as compare_main
-
-        compare_main(args)
-    elif args.cmd == "autoscale":
-        from pathlib import Path
-
-        from .autoscale import Settings, rebuild
-        from .autoscale import main as autoscale_main
-
-        if args.report_only:
-            r = rebuild(Path(args.out))
-        else:
-            r = autoscale_main(Settings(rate=args.rate, ramp_s=args.ramp_seconds,
-                                        hold_s=args.hold_seconds,
-                                        scale_down_stabilization_s=args.stabilization_seconds,
-                                        max_replicas=args.max_replicas), Path(args.out))
-        m = r["summary"]
-        print(f"peak cache pressure {m['peak_cache_pressure']}, max replicas "
-              f"{m['max_spec_replicas']}, first scale-up {m['seconds_to_first_scale_up']} s "
-              f"after the pressure went over target, back to min "
-              f"{m['seconds_load_stop_to_min']} s after the load stopped")
-    else:  # pragma: no cover
-        sys.exit(2)
+    out = Path(args.out)
+    r = rebuild(out) if args.report else main(
+        Settings(rate=args.rate, ramp_s=args.ramp_seconds, hold_s=args.hold_seconds,
+                 scale_down_stabilization_s=args.stabilization_seconds,
+                 max_replicas=args.max_replicas), out, command)
+    m = r["summary"]
+    print(f"peak cache pressure {m['peak_cache_pressure']}, max replicas "
+          f"{m['max_spec_replicas']}, first scale-up {m['seconds_to_first_scale_up']} s after the "
+          f"pressure went over target, back to min {m['seconds_load_stop_to_min']} s after the "
+          "load stopped")
 
 
 if __name__ == "__main__":

@@ -7,9 +7,9 @@ import socket
 
 from aiohttp.test_utils import TestServer
 
-from bench.loadgen import run_load
-from bench.oracle import oracle_hit_rate
-from bench.workloads import Workload, build
+from bench.harness.loadgen import run_load
+from bench.harness.oracle import oracle_hit_rate
+from bench.harness.workloads import Workload, build
 from engine_sim.engine import Engine
 from engine_sim.profiles import PROFILES
 from engine_sim.server import build_app

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.loadgen import _ends_done, _first_content, _read_events
+from bench.harness.loadgen import _ends_done, _first_content, _read_events
 
 ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
 TOK_A = b'data: {"choices":[{"index":0,"delta":{"content":"ab"}}]}\n\n'
@@ -33,7 +33,7 @@ def test_an_event_split_across_reads_is_read_once_whole():
 
 
 def test_the_answer_usage_and_end_come_from_the_whole_stream():
-    done, text, usage = _read_events(ROLE + TOK_A + TOK_B + USAGE + DONE, "chat")
+    done, text, usage, _ = _read_events(ROLE + TOK_A + TOK_B + USAGE + DONE, "chat")
     assert done and text == "abcd"
     assert usage is not None and usage.prompt_tokens == 9 and usage.completion_tokens == 2
     assert usage.prompt_tokens_details is not None
@@ -41,7 +41,7 @@ def test_the_answer_usage_and_end_come_from_the_whole_stream():
 
 
 def test_a_stream_without_done_is_not_complete():
-    done, text, _ = _read_events(TOK_A + TOK_B, "chat")
+    done, text, _, _ = _read_events(TOK_A + TOK_B, "chat")
     assert not done and text == "abcd"
 
 
@@ -75,11 +75,18 @@ def test_the_read_stops_at_a_whole_done_line(tail, done):
 
 def test_an_empty_usage_does_not_replace_a_reported_one():
     empty = b'data: {"choices":[],"usage":{}}\n\n'
-    _, _, usage = _read_events(USAGE + empty + DONE, "chat")
+    _, _, usage, _ = _read_events(USAGE + empty + DONE, "chat")
     assert usage is not None and usage.prompt_tokens == 9
 
 
 def test_numbers_of_another_json_type_are_read_as_before():
     ev = b'data: {"choices":[],"usage":{"prompt_tokens":9.0,"completion_tokens":"2"}}\n\n'
-    _, _, usage = _read_events(ev + DONE, "chat")
+    _, _, usage, _ = _read_events(ev + DONE, "chat")
     assert usage is not None and usage.prompt_tokens == 9 and usage.completion_tokens == 2
+
+
+def test_a_stream_ended_with_an_error_event_is_not_a_whole_answer():
+    # what our router sends when the engine cut the stream after its first bytes
+    err = b'data: {"error": {"message": "the stream from the engine was cut"}}\n\n'
+    done, text, _, error = _read_events(ROLE + TOK_A + err + DONE, "chat")
+    assert done and text == "ab" and error == "the stream from the engine was cut"

@@ -3,17 +3,23 @@ requests one after the other: it caches what the engine caches, answers included
 
 from __future__ import annotations
 
-from bench.oracle import oracle_hit_rate
-from bench.workloads import build, messages_for
+from bench.harness.oracle import oracle_hit_rate
+from bench.harness.workloads import build, messages_for
 from engine_sim.chat import render_chat
 from engine_sim.engine import Engine
+from engine_sim.hf_tokenizer import TINY_TOKENIZER, ChatTokenizer
+from engine_sim.kvcache import TokenBlockHasher
 from engine_sim.profiles import PROFILES
+from engine_sim.sequences import TokenSequences
 
 
-def engine_run(capacity: int) -> tuple[list[list[dict[str, str]]], list[str], float]:
+def engine_run(capacity: int, tokenizer: ChatTokenizer | None = None,
+               ) -> tuple[list[list[dict[str, str]]], list[str], float]:
     """Multi-turn conversations, their turns interleaved, through one engine that answers at
-    once (profile `zero`): (requests in order, their answers, the engine's hit rate)."""
-    engine = Engine(PROFILES["zero"], capacity)
+    once (profile `zero`): (requests in order, their answers, the engine's hit rate). With
+    `tokenizer`: the engine in its tokenizer mode, prompts as the server makes their ids."""
+    seqs = None if tokenizer is None else TokenSequences(tokenizer, TokenBlockHasher(16, "t"))
+    engine = Engine(PROFILES["zero"], capacity, sequences=seqs)
     sessions = build("multi-turn", 40).sessions[:6]
     answers: list[list[str]] = [[] for _ in sessions]
     sent: list[list[dict[str, str]]] = []
@@ -23,7 +29,9 @@ def engine_run(capacity: int) -> tuple[list[list[dict[str, str]]], list[str], fl
             if turn >= len(s.turns):
                 continue
             msgs = messages_for(s, turn, answers[k])
-            r = engine.submit(render_chat(msgs).encode(), s.turns[turn].max_tokens, seed=k)
+            ids = None if tokenizer is None else tokenizer.chat_ids(msgs)
+            r = engine.submit(render_chat(msgs).encode(), s.turns[turn].max_tokens, seed=k,
+                              ids=ids)
             assert r.done
             answer = "".join(r.text)
             answers[k].append(answer)
@@ -43,3 +51,12 @@ def test_without_the_answers_the_oracle_misses_what_the_next_turn_reuses() -> No
     # the oracle before answers were replayed: below what one engine of its size gets
     sent, _answers, engine_hit = engine_run(1_000_000)
     assert oracle_hit_rate(sent, 1_000_000) < engine_hit - 0.05
+
+
+def test_in_tokenizer_mode_the_oracle_counts_and_caches_the_engines_token_ids() -> None:
+    tok = ChatTokenizer(TINY_TOKENIZER)
+    for capacity in (1_000_000, 12_000):
+        sent, answers, engine_hit = engine_run(capacity, tok)
+        assert oracle_hit_rate(sent, capacity, answers=answers, tokenizer=tok) == engine_hit
+    # the byte oracle is another count: it would not be the engines' figure
+    assert oracle_hit_rate(sent, 12_000, answers=answers) != engine_hit

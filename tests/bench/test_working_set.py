@@ -1,6 +1,6 @@
-"""The benchmark's capacity rule (bench/run.py): one replica holds a quarter or less of a
-workload's working set and the fleet all of it, so routing matters. Pure: the working set is
-computed over the built workload and the load generator's schedule, nothing is started."""
+"""The benchmark's capacity rule (bench/harness/capacity.py): one replica holds a quarter or
+less of a workload's working set and the fleet all of it, so routing matters. Pure: the working
+set is computed over the built workload and the load generator's schedule, nothing started."""
 
 from __future__ import annotations
 
@@ -8,16 +8,15 @@ import functools
 
 import pytest
 
-from bench.loadgen import Result
-from bench.run import (
+from bench.harness.capacity import (
     capacity_warning,
     kv_capacity,
     measured_working_set,
     run_count,
     run_working_set,
 )
-from bench.suite import RATE, SECONDS, SWEEP_RATES
-from bench.workloads import (
+from bench.harness.loadgen import Result
+from bench.harness.workloads import (
     WORKLOADS,
     Session,
     Turn,
@@ -27,6 +26,10 @@ from bench.workloads import (
     turn_tokens,
     working_set,
 )
+from bench.scenarios import SCENARIOS
+
+RATE, SECONDS = SCENARIOS["routing"].rates[0], SCENARIOS["routing"].seconds  # type: ignore[index]
+SWEEP_RATES = SCENARIOS["sweep"].rates or ()
 
 REPLICAS = 8  # the suite's fleet
 
@@ -52,7 +55,7 @@ def test_every_workload_keeps_the_rule_at_the_suites_settings(name: str) -> None
     assert_rule(name, RATE, SECONDS)
 
 
-# The sweep runs 60 s a rate (suite.py); multi-turn's working set grows with the rate and,
+# The sweep runs 60 s a rate (scenarios.py); multi-turn's working set grows with the rate and,
 # until its conversations overlap in a steady state, with the seconds: its corners too.
 @pytest.mark.parametrize(
     ("rate", "seconds"),

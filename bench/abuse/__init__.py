@@ -1,0 +1,62 @@
+"""`python -m bench abuse`: hostile clients, slow clients and sick engines against one router
+(local store, then Redis), and what it cost the router. Writes bench/results/abuse/.
+
+  cases.py    the hostile requests, as data      raw.py     HTTP on a bare socket
+  attacks.py  send them, judge the answers        faults.py  engines hung or killed, Redis lost
+  tap.py      what reaches the engines; hangs     watch.py   /proc, /healthz, the log, Redis
+  run.py      one round                           report.py  figures, bars, the README
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+OUT = Path("bench/results/abuse")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("abuse", help="hostile clients, slow clients and sick engines against "
+                       "one router (local and Redis stores): bench/results/abuse")
+    p.add_argument("--stores", nargs="+", choices=("local", "redis"),
+                   default=["local", "redis"])
+    p.add_argument("--out", default=str(OUT), help=f"results folder (default {OUT})")
+    p.add_argument("--logs", help="where the processes' logs go (default: a temporary folder)")
+    p.add_argument("--report", action="store_true", help="only rebuild the README from its JSON")
+
+
+def main(args: argparse.Namespace, command: str) -> None:
+    from bench.provenance import stamp
+
+    from .report import bars, held, render
+
+    out = Path(args.out)
+    if args.report:
+        rounds = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))
+                  if p.stem in ("local", "redis")]
+        meta = json.loads((out / "stamp.json").read_text())
+    else:
+        from .run import run_all
+
+        logs = Path(args.logs or tempfile.mkdtemp(prefix="abuse-"))
+        print(f"abuse: logs in {logs}", flush=True)
+        rounds = asyncio.run(run_all(args.stores, logs))
+        meta = {**stamp(command), "host": socket.gethostname()}
+        out.mkdir(parents=True, exist_ok=True)
+        for r in rounds:
+            (out / f"{r['store']}.json").write_text(json.dumps(r, indent=1) + "\n")
+        (out / "stamp.json").write_text(json.dumps(meta, indent=1) + "\n")
+    (out / "README.md").write_text(render(rounds, meta))
+    for r in rounds:
+        print(f"\n{r['store']} store:")
+        for bar, measured, ok, must in bars(r):
+            print(f"  {'ok ' if ok else 'NO '}{'(must) ' if must else ''}{bar}: {measured}")
+    print(f"\nwritten: {out / 'README.md'}")
+    if not all(held(r, must_only=True) for r in rounds):
+        sys.exit(1)

@@ -1,0 +1,470 @@
+"""The one runner: any scenario of scenarios.py, round after round, on the same requests.
+
+Per workload the simulators start once (or per run, `fresh_fleet`) with the workload's KV
+capacity; then for each round, rate (or staircase) and setup in turn: the setup's routers start,
+the simulators are drained and reset, the load generator sends the workload, the counters are
+read, the routers stop. Every setup sees the same requests at the same offsets, and a drift of
+the host falls on every setup of a round alike. Each point's JSON (median and rounds,
+provenance written once) is rewritten after every round: an interrupted run keeps its points."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from engine_sim.chat import render_chat
+from engine_sim.hf_tokenizer import TINY_TOKENIZER, ChatTokenizer
+
+from .harness import engines, figures, llama
+from .harness.anchors import ANCHORS, PACKAGES, missing, start_anchor
+from .harness.capacity import (
+    capacity_warning,
+    kv_capacity,
+    measured_working_set,
+    run_count,
+    run_working_set,
+    slices,
+    token_ratio,
+)
+from .harness.fleet import Fleet, Proc, cpu_seconds, free_port
+from .harness.loadgen import RunLog, run_load
+from .harness.oracle import oracle_hit_rate
+from .harness.stats import point_row, ratio
+from .harness.workloads import Workload, build, messages_for
+from .provenance import now_utc, stamp
+from .scenarios import Scenario, Setup, setup, speaks_tokens
+
+RESULTS = Path("bench/results")
+LOGS = Path("bench/.logs")
+MODEL = "sim-llama-3.1-70b"
+SHOWN = ("engine_hit_rate", "ttft_p50_ms", "ttft_p99_ms", "errors", "imbalance", "added_p50_ms",
+         "added_p99_ms", "max_rps", "rss_mb", "rss_mb_1m_entries")  # each run's progress line
+Step = tuple[RunLog, Any, Any, Any, dict[str, Any]]  # log, snapshots before/after/at end, client
+# Simulators in vLLM's token mode (Scenario.kv_events): the repository's tokenizer, cached
+# tokens reported as vLLM reports them, preemption by recompute (the default there)
+TOKEN_SIM_ARGS = ("--tokenizer", "tiny", "--enable-prompt-tokens-details")
+
+
+@functools.cache
+def tiny_tokenizer() -> ChatTokenizer:
+    return ChatTokenizer(TINY_TOKENIZER)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One unit of a scenario's plan: a setup meets a workload at one rate (or a staircase)."""
+
+    workload: str
+    round: int
+    setup: Setup
+    rates: tuple[float, ...]
+    client: str = "loadgen"
+
+
+def engine_api(sc: Scenario) -> Any:
+    """Where the engines' figures come from: the simulators' /stats, or llama-server's
+    /metrics (snapshot and settle alike in both)."""
+    return llama if sc.engine == "llama" else engines
+
+
+def model_of(sc: Scenario) -> str:
+    return llama.MODEL if sc.engine == "llama" else MODEL
+
+
+def plan(sc: Scenario) -> list[Run]:
+    """Every run in order: per workload, round after round; in a round the setups in turn at
+    each rate (so setups compared at one rate are measured minutes apart)."""
+    out = []
+    for w in sc.workloads:
+        rates = sc.rates_of(w)
+        for rnd in range(1, sc.repeats + 1):
+            for block in [rates] if sc.staircase else [(r,) for r in rates]:
+                out += [Run(w, rnd, setup(s), block, c) for s in sc.setups for c in sc.clients]
+    return out
+
+
+def point_path(sc: Scenario, workload: str, name: str, rate: float, client: str) -> Path:
+    """One JSON per (workload, setup, rate, client), named as the committed results are."""
+    many = "{rate" not in sc.out and (len(sc.rates_of(workload)) > 1 or "rate" in sc.group_by)
+    parts = [workload if sc.kind == "routing" else "", name.replace("/", "_"),
+             f"{rate:g}" if many else "", sc.tag, "" if client == "loadgen" else client]
+    return RESULTS / sc.out.format(rate=rate) / ("-".join(p for p in parts if p) + ".json")
+
+
+def workload_for(sc: Scenario, name: str, rates: tuple[float, ...]) -> tuple[Workload, int, int]:
+    """(the sessions a run sends, the simulators' KV capacity, the working set it is for)."""
+    if sc.kind == "overhead":  # its own small requests
+        return Workload(name, [], 0), sc.kv_capacity or 1_000_000, 0
+    if sc.requests:  # a fixed count of single-turn requests
+        wl = build(name, sc.requests)
+        if any(len(s.turns) != 1 for s in wl.sessions):
+            raise ValueError(f"{name}: a fixed count of requests needs single-turn sessions")
+        ws = run_working_set(wl, rates[0], sc.requests / rates[0])
+    elif sc.staircase:
+        need = sum(n for _, n in slices(1.0, rates, sc.seconds))
+        wl = build(name, need)
+        if any(len(s.turns) > 1 for s in wl.sessions):  # ~6.5 requests a conversation
+            wl = build(name, 7 * need)
+        # the capacity of the staircase's top rate, as if it all ran at it
+        ws = run_working_set(wl, max(rates), sc.seconds * len(rates))
+    else:
+        peak = rates[0] * (sc.shape.peak if sc.shape else 1.0)
+        wl = build(name, run_count(peak, sc.seconds))
+        ws = run_working_set(wl, rates[0], sc.seconds, sc.profile, sc.time_scale, sc.seed,
+                             sc.shape)
+    kv = kv_capacity(wl, ws)
+    if sc.kv_events:  # sizes are in 4-byte tokens; the simulators count the tokenizer's
+        ratio = token_ratio(wl, tiny_tokenizer())
+        kv, ws = math.ceil(kv * ratio / 16) * 16, round(ws * ratio)
+    if sc.ws_share:  # the working set is this share of the fleet's capacity
+        kv = math.ceil(ws / (sc.ws_share * sc.replicas) / 16) * 16
+    return wl, sc.kv_capacity or kv, ws
+
+
+def capacities(sc: Scenario, kv: int) -> list[int]:
+    """Each simulator's KV capacity: `kv`, or `kv` x its share (whole blocks)."""
+    shares = sc.kv_shares or (1.0,) * sc.replicas
+    if len(shares) != sc.replicas:
+        raise ValueError(f"{sc.name}: {len(shares)} kv_shares for {sc.replicas} replicas")
+    return [max(16, round(kv * f / 16) * 16) for f in shares]
+
+
+@dataclass
+class Started:
+    targets: list[str]  # where the load goes (round-robin over router replicas)
+    routers: list[Proc]
+    ours: bool = True  # our router: its /metrics and CPU are read
+    redis: Proc | None = None
+    redis_port: int = 0
+
+
+async def start_setup(fleet: Fleet, sc: Scenario, s: Setup, sims: list[str], kv: int,
+                      log_dir: Path, backends_file: Path | None = None) -> Started:
+    """The processes of one setup, talking to our router through its CLI and config only."""
+    if s.router in ANCHORS:
+        p = await start_anchor(fleet, s.router, sims)
+        return Started([p.url], [p], ours=False)
+    out, extra = Started([], []), []
+    if s.store == "redis":
+        url = sc.redis_url
+        if not url:
+            out.redis_port = free_port()
+            url = await fleet.start_redis(f"{s.name}-redis", out.redis_port)
+            out.redis = fleet.procs[-1]
+        extra += ["--store", "redis", "--redis-url", url, "--model-key", "bench/model"]
+    settings = json.loads(json.dumps(dict(s.settings)))
+    if settings.get("index") == "events":  # where each simulator publishes (the same host)
+        settings.setdefault("events", {})["endpoints"] = {
+            p.url: p.events for p in fleet.procs if p.url in sims and p.events}
+    if settings:
+        path = log_dir / f"{abs(hash(s.name))}.yaml"
+        path.write_text(yaml.safe_dump(settings))
+        extra += ["--config", str(path)]
+    if s.settings.get("log_decisions"):  # its decision lines are info (the harness: warning)
+        extra += ["--log-level", "info"]
+    if backends_file is not None:
+        sims, extra = [], [*extra, "--discovery", "file", "--backends-file", str(backends_file)]
+    for k in range(s.replicas):
+        out.routers.append(await fleet.start_router(  # its log: <setup>-<k>.log
+            f"{s.name.replace('/', '_')}-{k}", sims, policy=s.router, kv_capacity=kv, extra=extra,
+            env=dict(s.env) or None))
+        out.targets.append(out.routers[-1].url)
+    return out
+
+
+async def timeline(sc: Scenario, fleet: Fleet, sims: list[str], started: Started,
+                   backends_file: Path | None, series: list[dict[str, Any]]) -> None:
+    """Every sample_s, the engines' counters over the window (hit rate, the share of the
+    replicas that joined); meanwhile the scenario's events: the join, Redis down and back."""
+    t0 = time.perf_counter()
+    events: list[tuple[float, str, Any]] = []
+    if sc.join_at is not None and backends_file is not None:
+        events.append((sc.join_at, "replicas joined",
+                       lambda: backends_file.write_text("\n".join(sims) + "\n")))
+    if sc.redis_down and (redis := started.redis):
+        events.append((sc.redis_down[0], "redis killed", lambda: fleet.stop(redis, "kill")))
+        events.append((sc.redis_down[1], "redis back, empty",
+                       lambda: fleet.start_redis("redis-restarted", started.redis_port)))
+
+    async def act() -> None:
+        for at, what, do in events:
+            await asyncio.sleep(max(0.0, t0 + at * sc.seconds - time.perf_counter()))
+            if asyncio.iscoroutine(result := do()):
+                await result
+            print(f"    t={at * sc.seconds:.0f}s: {what}", flush=True)
+
+    task, k = asyncio.create_task(act()), sc.first_replicas or len(sims)
+    last = await engines.snapshot(sims)
+    try:
+        while True:
+            await asyncio.sleep(sc.sample_s)
+            now = await engines.snapshot(sims)
+            f = figures.step_figures(RunLog(), last, now)
+            served, last = f["per_replica_requests"], now
+            series.append({"t": round(now["t"] - t0, 1), "hit_rate": f["engine_hit_rate"],
+                           "new_share": ratio(sum(served[k:]), sum(served)) or 0.0})
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def drive(sc: Scenario, run: Run, wl: Workload, sims: list[str],
+                targets: list[str]) -> list[Step]:
+    """One step, or the staircase's steps back to back, each a fresh slice of the sequence."""
+    n = len(run.rates)
+    cuts = [(0, len(wl.sessions))]
+    if sc.staircase:
+        cuts = slices(sum(len(s.turns) for s in wl.sessions) / len(wl.sessions), run.rates,
+                      sc.seconds)
+        if cuts[-1][0] + cuts[-1][1] > len(wl.sessions):
+            raise ValueError(f"{wl.name}: {len(wl.sessions)} sessions, the staircase needs more")
+    seconds = sc.requests / run.rates[0] * 3 + 30 if sc.requests else sc.seconds
+    eng = engine_api(sc)
+    snaps = [await eng.snapshot(sims)]
+    tasks = []
+    for k, (rate, (first, count)) in enumerate(zip(run.rates, cuts, strict=True)):
+        part = dataclasses.replace(wl, sessions=wl.sessions[first:first + count])
+        tasks.append(asyncio.create_task(run_load(
+            part, targets, model_of(sc), rate, seconds, seed=sc.seed + k,
+            drain_timeout=(n - 1 - k) * seconds + sc.drain_s, progress=n == 1 and not sc.requests,
+            session_header="X-Session-ID" if sc.session_header else None,
+            session_id_offset=first, api=sc.api, shape=sc.shape)))  # type: ignore[arg-type]
+        if n > 1:
+            await asyncio.sleep(max(0.0, snaps[0]["t"] + (k + 1) * seconds - time.perf_counter()))
+            snaps.append(await eng.snapshot(sims))
+    logs = await asyncio.gather(*tasks)
+    final = await eng.snapshot(sims)
+    return [(log, snaps[k], snaps[k + 1] if k < n - 1 else final,
+             snaps[k + 1] if n > 1 else final, {}) for k, log in enumerate(logs)]
+
+
+async def third_party(run: Run, wl: Workload, sims: list[str], url: str,
+                      log_dir: Path) -> list[Step]:
+    """inference-perf sending the same requests the load generator sends (the chat template's
+    rendering of each session's one turn); its client figures stand in for the log's."""
+    from .harness.thirdparty import run_inference_perf
+
+    prompts = [(render_chat(messages_for(s, 0, [])), s.turns[0].max_tokens) for s in wl.sessions]
+    before = await engines.snapshot(sims)
+    client = await run_inference_perf(url, MODEL, prompts, run.rates[0],
+                                      log_dir / f"inference-perf-{run.setup.name}",
+                                      timeout=len(prompts) / run.rates[0] + 300)
+    after = await engines.snapshot(sims)
+    return [(RunLog(), before, after, after, client)]
+
+
+async def restart_one(sc: Scenario, fleet: Fleet, sims: list[str], t0: float,
+                      out: dict[str, Any]) -> None:
+    """Simulator k killed and started again on its ports at the scenario's fraction of the
+    run (a crashed pod back with an empty cache; its event sequence from 0). `out` gets its
+    counters from before (the new process counts from 0) and when it was back."""
+    assert sc.restart is not None
+    k, at = sc.restart
+    await asyncio.sleep(max(0.0, t0 + at * sc.seconds - time.perf_counter()))
+    [out["before"]] = await engines.fetch_stats([sims[k]])
+    p = next(p for p in fleet.procs if p.url == sims[k])
+    t = time.perf_counter()
+    await fleet.restart(p)
+    out["down_s"] = round(time.perf_counter() - t, 2)
+    print(f"    t={at * sc.seconds:.0f}s: {p.name} restarted (down {out['down_s']} s)",
+          flush=True)
+
+
+async def measure(sc: Scenario, fleet: Fleet, sims: list[str], run: Run, *, wl: Workload,
+                  kv: int, log_dir: Path) -> list[dict[str, Any]]:
+    """One run: start the setup, drain and reset the fleet, drive the load, read the figures
+    (one dict per rate), stop the setup."""
+    backends_file = log_dir / "backends" if sc.first_replicas else None
+    if backends_file:
+        backends_file.write_text("\n".join(sims[:sc.first_replicas]) + "\n")
+    first = len(fleet.procs)
+    series: list[dict[str, Any]] = []
+    try:
+        started = await start_setup(fleet, sc, run.setup, sims, round(kv * sc.capacity_factor),
+                                    log_dir, backends_file)
+        eng = engine_api(sc)
+        clean = await eng.settle(sims)
+        routers = started.routers if started.ours else []
+        urls = [p.url for p in routers]
+        redis_url = f"redis://127.0.0.1:{started.redis_port}/0" if started.redis else None
+        r0, calls0 = await engines.router_figures(urls), await engines.redis_calls(redis_url)
+        cpu0 = sum(cpu_seconds(p.process.pid) for p in routers)
+        side = asyncio.create_task(timeline(sc, fleet, sims, started, backends_file, series)) \
+            if sc.sample_s else None
+        load = os.getloadavg()[0]
+        restarted: dict[str, Any] = {}
+        restart = asyncio.create_task(restart_one(
+            sc, fleet, sims, time.perf_counter(), restarted)) if sc.restart else None
+        try:
+            steps = await (third_party(run, wl, sims, started.targets[0], log_dir)
+                           if run.client == "inference-perf" else
+                           drive(sc, run, wl, sims, started.targets))
+        except BaseException:
+            if restart:
+                restart.cancel()
+            raise
+        if restart:
+            await restart  # done long before the drain ends; an error in it is the run's
+            k = sc.restart[0]  # type: ignore[index]
+            steps = [(log, before, figures.carried(after, k, restarted["before"]),
+                      figures.carried(end, k, restarted["before"]), client)
+                     for log, before, after, end, client in steps]
+        if side:
+            side.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await side
+        cpu = sum(cpu_seconds(p.process.pid) for p in routers) - cpu0
+        r1, calls = await engines.router_figures(urls), await engines.redis_calls(redis_url)
+    finally:
+        for p in fleet.procs[first:]:  # also what a failed start left running
+            await fleet.stop(p)
+    out = []
+    for log, before, after, end, client in steps:
+        step = llama.step_figures if sc.engine == "llama" else figures.step_figures
+        fig = {**step(log, before, after, end), **client,
+               "caches_emptied_before": clean, "load_1m": round(load, 2),
+               "measured_at": now_utc()}
+        if restarted:
+            fig["restart_down_s"] = restarted["down_s"]
+        if len(steps) == 1 and log.sent and sc.engine == "sim":  # from empty caches: comparable
+            fig["oracle_hit_rate"] = round(oracle_hit_rate(
+                log.sent, sum(capacities(sc, kv)), answers=log.answers,
+                tokenizer=tiny_tokenizer() if sc.kv_events else None), 4)
+            fig["hit_over_oracle"] = ratio(fig["engine_hit_rate"], fig["oracle_hit_rate"])
+            if (measured := measured_working_set(wl, log.results)) is not None:
+                fig["working_set_measured_tokens"] = measured
+                if warn := capacity_warning(kv, measured, sc.replicas):
+                    fig["capacity_warning_measured"] = warn
+        if routers and log.sent:
+            fig.update(figures.router_figures(r1, r0, len(log.sent),
+                                              calls - calls0 if redis_url else None))
+            fig["router_cpu_ms_per_request"] = round(1000 * cpu / len(log.sent), 3)
+        if series:
+            figures.window_ttfts(series, log.results, log.started, sc.sample_s)
+            fig["series"] = series
+            if sc.join_at is not None:
+                fig["seconds_to_40pct"] = figures.time_to_share(series, sc.join_at * sc.seconds,
+                                                                0.40)
+                fig.update(figures.after_join(series, sc.join_at * sc.seconds, 30.0))
+            if sc.redis_down:
+                fig["recovery_s"] = figures.recovery_seconds(
+                    series, *(f * sc.seconds for f in sc.redis_down))
+        out.append(fig)
+    return out
+
+
+def setup_version(s: Setup) -> dict[str, str]:
+    """An anchor's pinned package (ours is the tree's `version`, in every point's stamp)."""
+    return {"router_version": PACKAGES[ANCHORS[s.router].package].spec} \
+        if s.router in ANCHORS else {}
+
+
+def head(sc: Scenario, run: Run, rate: float, kv: int, ws: int) -> dict[str, Any]:
+    """What a point's JSON says about how it was run (its figures come after)."""
+    s = run.setup
+    out = {"scenario": sc.name, "workload": run.workload, "router": s.name, "rate": rate,
+           "client": run.client, "seconds": sc.seconds, "replicas": sc.replicas,
+           "router_replicas": s.replicas, "store": s.store, "profile": sc.profile,
+           "time_scale": sc.time_scale, "kv_capacity_tokens": kv, "working_set_tokens": ws,
+           "seed": sc.seed, **setup_version(s), "settings": dict(s.settings),
+           "router_env": dict(s.env),
+           "capacity_factor": sc.capacity_factor, "tag": sc.tag, "requests": sc.requests,
+           "sim_args": [*(TOKEN_SIM_ARGS if sc.kv_events else ()), *sc.sim_args, *s.sim_args],
+           "kv_events": sc.kv_events, "kv_capacities": list(capacities(sc, kv))
+           if sc.kv_shares else None, "restart": list(sc.restart) if sc.restart else None,
+           "shape": {"kind": type(sc.shape).__name__.lower(), **dataclasses.asdict(sc.shape)}
+           if sc.shape else None, "ws_share": sc.ws_share,
+           "capacity_warning": None if sc.engine == "llama" else capacity_warning(
+               kv, ws, sc.replicas),
+           **(llama.describe(sc.engine_config) if sc.engine == "llama" else {})}
+    if sc.engine == "llama":  # the simulators' settings
+        out = {k: v for k, v in out.items() if k not in ("profile", "time_scale", "sim_args")}
+    return {k: v for k, v in out.items() if v not in (None, "", {}, [])}
+
+
+def _duration(d: float) -> str:
+    return f"{d / 60:.0f} min" if d >= 90 else f"{d:.0f} s"
+
+
+async def run_scenario(sc: Scenario, command: str, write: bool = True) -> list[dict[str, Any]]:
+    """Every run of `sc`'s plan; returns (and writes, one JSON per point) its points."""
+    if sc.kind == "overhead":
+        from .overhead import measure as measure_run
+    else:
+        measure_run = measure
+    runs = plan(sc)
+    if not sc.kv_events and any(speaks_tokens(r.setup) for r in runs):
+        sc = dataclasses.replace(sc, kv_events=True)  # every setup on the same simulators
+    for s in {r.setup.router for r in runs} & set(ANCHORS):
+        if why := missing(ANCHORS[s]):  # the other setups run; the report says what is missing
+            print(f"skip {s}: {why}", flush=True)
+            runs = [r for r in runs if r.setup.router != s]
+    provenance, log_root = stamp(command), LOGS / f"{sc.name}-{int(time.time())}"
+    rounds: dict[tuple, list[dict[str, Any]]] = {}
+    points: dict[tuple, dict[str, Any]] = {}
+    planned = sum(len(r.rates) * sc.seconds + 10 for r in runs)
+    t_start, done = time.monotonic(), 0.0
+    fleet, fleet_key, sims, built = None, None, [], {}
+    try:
+        for i, run in enumerate(runs, 1):
+            if (run.workload, run.rates) not in built:
+                built[run.workload, run.rates] = workload_for(sc, run.workload, run.rates)
+            wl, kv, ws = built[run.workload, run.rates]
+            key = (run.workload, kv, run.setup.sim_args)  # a new fleet when it changes
+            if fleet is None or sc.fresh_fleet or fleet_key != key:
+                if fleet is not None:
+                    await fleet.close()
+                fleet, fleet_key = Fleet(log_root / f"{run.workload}-{i}"), key
+                if sc.engine == "llama":
+                    sims = await llama.start_engines(fleet, sc.replicas, sc.engine_config)
+                else:
+                    token_args = TOKEN_SIM_ARGS if sc.kv_events else ()
+                    sims = [p.url for p in await asyncio.gather(*(fleet.start_sim(
+                        f"sim{k}", model=MODEL, kv_capacity=cap, profile=sc.profile,
+                        time_scale=sc.time_scale, kv_events=sc.kv_events,
+                        extra=[*token_args, *sc.sim_args, *run.setup.sim_args])
+                        for k, cap in enumerate(capacities(sc, kv))))]
+            elapsed = time.monotonic() - t_start
+            left = (planned - done) * (elapsed / done if done else 1.0)
+            print(f"[{i}/{len(runs)}] {sc.name}: {run.workload or 'the simulator'} via "
+                  f"{run.setup.name}"
+                  f"{'' if run.client == 'loadgen' else ' (' + run.client + ')'} at "
+                  f"{', '.join(f'{r:g}' for r in run.rates)} req/s, round {run.round}/"
+                  f"{sc.repeats}; {_duration(elapsed)} elapsed, about {_duration(left)} left",
+                  flush=True)
+            try:
+                figs = await measure_run(sc, fleet, sims, run, wl=wl, kv=kv,
+                                         log_dir=fleet.log_dir)
+            except (RuntimeError, TimeoutError) as e:
+                print(f"  {run.setup.name} failed: {str(e)[-500:]}", flush=True)
+                continue
+            finally:
+                done += len(run.rates) * sc.seconds + 10
+            for rate, fig in zip(run.rates, figs, strict=True):
+                key = (run.workload, run.setup.name, rate, run.client)
+                rounds.setdefault(key, []).append(fig)
+                points[key] = point_row(head(sc, run, rate, kv, ws), rounds[key], provenance)
+                print(f"  {rate:g} req/s: " + ", ".join(f"{k} {fig[k]}" for k in SHOWN if k in fig),
+                      flush=True)
+                if write:
+                    path = point_path(sc, run.workload, run.setup.name, rate, run.client)
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text(json.dumps(points[key], indent=2) + "\n")
+    finally:
+        if fleet is not None:
+            await fleet.close()
+    print(f"{sc.name}: {len(points)} points in {_duration(time.monotonic() - t_start)}",
+          flush=True)
+    return list(points.values())
