@@ -39,7 +39,8 @@ def generic(p: argparse.ArgumentParser) -> None:
     p.add_argument("--index", nargs="+", choices=INDEXES, metavar="MODE",
                    help="what feeds our prefix router's index: approx, corrected, events (one "
                    "setup per mode; the simulators then speak vLLM's tokens and KV events)")
-    p.add_argument("--out", help="results folder (default: the scenario's, under bench/results)")
+    p.add_argument("--out", type=under_results,
+                   help="results folder under bench/results (default: the scenario's)")
     p.add_argument("--report", action="store_true", help="only rebuild the report from its JSON")
     p.add_argument("--json", help="also write the last point's JSON here")
 
@@ -78,6 +79,13 @@ def parser() -> argparse.ArgumentParser:
         "names", nargs="*", metavar="name", help="default: every one")
     abuse.register(sub)
     return p
+
+
+def under_results(out: str) -> str:
+    """--out names a folder under bench/results; a path that spells that prefix out (as the
+    autoscale scenario's does) means the same folder, not one nested inside it."""
+    p = Path(out)
+    return str(p.relative_to("bench/results")) if p.is_relative_to("bench/results") else out
 
 
 def declared(args: argparse.Namespace) -> list[Scenario]:

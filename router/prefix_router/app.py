@@ -29,7 +29,7 @@ from .parsing import Kind, parse_request
 from .proxy import forward
 from .scheduling import Scheduler
 from .store import Store, make_store
-from .upstream import AiohttpUpstream, Upstream
+from .upstream import UpstreamClient
 
 log = logging.getLogger("prefix_router")
 
@@ -37,7 +37,7 @@ log = logging.getLogger("prefix_router")
 SETTINGS: web.AppKey[RouterSettings] = web.AppKey("settings", RouterSettings)
 SCHEDULER: web.AppKey[Scheduler] = web.AppKey("scheduler", Scheduler)
 STORE: web.AppKey[Store] = web.AppKey("store", Store)
-UPSTREAM: web.AppKey[Upstream] = web.AppKey("upstream", object)  # type: ignore[arg-type]
+UPSTREAM = web.AppKey("upstream", UpstreamClient)
 DRAINING: web.AppKey[asyncio.Event] = web.AppKey("draining", asyncio.Event)
 
 
@@ -52,12 +52,8 @@ def make_discovery(s: RouterSettings) -> Discovery:
     return StaticDiscovery(s.discovery.backends)
 
 
-def make_upstream(s: RouterSettings) -> Upstream:
-    if s.upstream_client == "httptools":
-        from .upstream_httptools import UpstreamClient
-
-        return UpstreamClient(s.connect_timeout_s, s.upstream_timeout_s)
-    return AiohttpUpstream(s.connect_timeout_s, s.upstream_timeout_s)
+def make_upstream(s: RouterSettings) -> UpstreamClient:
+    return UpstreamClient(s.connect_timeout_s, s.upstream_timeout_s)
 
 
 async def _read_body(

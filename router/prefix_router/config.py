@@ -211,9 +211,6 @@ class RouterSettings(_Strict):
     # request still waits up to upstream_timeout_s): a hung engine that answers its health
     # probes leaves the rotation after a few, instead of holding every request for minutes.
     first_token_budget_s: float = Field(default=60.0, gt=0)
-    # The upstream client: aiohttp's ClientSession, or the hand-written httptools one (the
-    # A/B between them is in bench/results/overhead/).
-    upstream_client: Literal["aiohttp", "httptools"] = "aiohttp"
     max_attempts: int = Field(default=3, ge=1, le=10)
     # Shutdown: after SIGTERM the router reports not ready and keeps serving for
     # drain_grace_s (until its Service stops sending: in a pod, a preStop pause does this

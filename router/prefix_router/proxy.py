@@ -27,7 +27,7 @@ from .errors import RequestError, error_body
 from .responses import read_json, read_sse
 from .scheduling import Route, Scheduler
 from .upstream import (
-    Upstream,
+    UpstreamClient,
     UpstreamConnectError,
     UpstreamConnectTimeout,
     UpstreamError,
@@ -90,7 +90,7 @@ class _Forward:
     __slots__ = ("headers", "raw", "request", "route", "sched", "stream", "upstream")
 
     def __init__(
-        self, request: web.Request, route: Route, raw: bytes, sched: Scheduler, up: Upstream
+        self, request: web.Request, route: Route, raw: bytes, sched: Scheduler, up: UpstreamClient
     ) -> None:
         self.request = request
         self.route = route
@@ -261,6 +261,6 @@ async def _end_with_error(
 
 
 async def forward(
-    request: web.Request, route: Route, raw: bytes, sched: Scheduler, upstream: Upstream
+    request: web.Request, route: Route, raw: bytes, sched: Scheduler, upstream: UpstreamClient
 ) -> web.StreamResponse:
     return await _Forward(request, route, raw, sched, upstream).run()

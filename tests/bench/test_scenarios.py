@@ -75,6 +75,10 @@ def test_the_command_line_overrides_the_declaration() -> None:
                                                              "--out", "/tmp/x"]))
     assert (routing.seconds, routing.repeats, routing.out) == (5.0, 1, "/tmp/x/routing")
     assert (sweep.out, overhead.seconds) == ("/tmp/x/sweep-{rate:g}", 5.0)
+    # the folder is under bench/results whether or not the command spells that prefix out
+    for out in ("upstream-ab", "bench/results/upstream-ab"):
+        [sc] = declared(parser().parse_args(["overhead", "--out", out]))
+        assert sc.out == "upstream-ab"
     [sc] = declared(parser().parse_args(["run", "--workload", "unique", "--router",
                                        "prefix,load_bound=1.0", "--router-replicas", "3",
                                        "--store", "redis", "--rate", "12"]))

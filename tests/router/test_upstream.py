@@ -11,8 +11,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from aiohttp import web
 
-from prefix_router.upstream import UpstreamConnectError, UpstreamError, UpstreamTimeout
-from prefix_router.upstream_httptools import HIGH_WATER, UpstreamClient
+from prefix_router.upstream import (
+    UpstreamClient,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamTimeout,
+)
+from prefix_router.upstream.response import HIGH_WATER
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 JSON = {"Content-Type": "application/json"}
