@@ -48,9 +48,16 @@ def fresh_engines(cp: Any, model: dict[str, str]) -> None:
                 and not names & old)
 
     cp.wait_for(replaced, scaled(180), "both engine pods replaced by Ready ones")
-    cp.wait_for(lambda: all(router_backends(p) == (2, 2)
-                            for p in product.ready_pods(cp, ns, name, "router")),
-                scaled(120), "every router serving the two new engine pods")
+    # with no engine for a moment the routers turned unready: wait for the model, then for
+    # each router to serve both new engines, then for the NodePort to answer again
+    product.wait_model_ready(cp, ns, name, 2, scaled(180))
+
+    def routers_serve_both() -> bool:
+        routers = product.ready_pods(cp, ns, name, "router")
+        return len(routers) == 2 and all(router_backends(p) == (2, 2) for p in routers)
+
+    cp.wait_for(routers_serve_both, scaled(120), "every router serving the two new engines")
+    product.nodeport_url(cp, name, ns, scaled(60))
 
 
 def test_cache_hits_through_the_router_service(node: Cluster, model: dict[str, str]) -> None:
