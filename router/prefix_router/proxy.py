@@ -78,7 +78,9 @@ def upstream_headers(request: web.Request) -> dict[str, str]:
         drop = drop | {n.strip().lower() for n in named.split(",")}
     out = {k: v for k, v in h.items() if k.lower() not in drop and k.lower() != "x-forwarded-for"}
     # several X-Forwarded-For fields are one list (RFC 9110, 5.3): all of it, then the client
-    chain = [*h.getall("X-Forwarded-For", ()), *([request.remote] if request.remote else [])]
+    # (named in Connection it is hop-by-hop: dropped like the others, then ours starts anew)
+    given = () if "x-forwarded-for" in drop else h.getall("X-Forwarded-For", ())
+    chain = [*given, *([request.remote] if request.remote else [])]
     if chain:
         out["X-Forwarded-For"] = ", ".join(chain)
     return out

@@ -149,6 +149,12 @@ async def test_hop_by_hop_headers_stop_here_and_forwarded_for_grows(router, engi
     got = {k.lower(): v for k, v in seen[-1]["headers"].items()}
     assert "x-secret-hop" not in got and got["x-kept"] == "yes"
     assert got["x-forwarded-for"] == "198.18.0.7, 127.0.0.1"
+    # named in Connection, the client's X-Forwarded-For is hop-by-hop too: ours starts anew
+    async with client.post("/v1/chat/completions", json=chat(), headers={
+        "Connection": "X-Forwarded-For", "X-Forwarded-For": "198.18.0.7"}) as r:  # fmt: skip
+        assert r.status == 200
+    got = {k.lower(): v for k, v in seen[-1]["headers"].items()}
+    assert got["x-forwarded-for"] == "127.0.0.1"
 
 
 async def test_the_error_contract(router) -> None:
