@@ -39,8 +39,11 @@ log = logging.getLogger("prefix_router.tokens")
 
 # Token ids travel as 4-byte words: the canonical bytes of a tokenized prompt.
 TOKEN_BYTES = 4
-# Pieces shorter than this are tokenized each time (cheaper than caching them).
+# Pieces shorter than this (role names, separators between special tokens) are kept in a
+# plain dict: a tokenizer call costs 3-6 us, a lookup 0.04 us, and two renders a request meet
+# about ten of them. Longer ones go to the LRU bounded in bytes.
 CACHE_MIN_CHARS = 64
+SHORT_PIECES_MAX = 4096  # distinct short pieces kept; the dict starts over when full
 
 
 def token_bytes(ids: list[int]) -> bytes:
@@ -72,6 +75,7 @@ class _Pieces:
         names = sorted(self._special, key=len, reverse=True)
         self._split = re.compile("(" + "|".join(map(re.escape, names)) + ")") if names else None
         self._cache: OrderedDict[str, bytes] = OrderedDict()
+        self._short: dict[str, bytes] = {}
         self._lock = threading.Lock()  # large prompts are tokenized in a worker thread
         self._size = 0
         self._budget = budget_bytes
@@ -89,7 +93,14 @@ class _Pieces:
 
     def _piece(self, text: str) -> bytes:
         if len(text) < CACHE_MIN_CHARS:
-            return token_bytes(self._tok.encode(text, add_special_tokens=False).ids)
+            short = self._short
+            got = short.get(text)
+            if got is None:
+                got = token_bytes(self._tok.encode(text, add_special_tokens=False).ids)
+                if len(short) >= SHORT_PIECES_MAX:
+                    short.clear()  # many distinct short messages: a bound, not an LRU
+                short[text] = got
+            return got
         cache = self._cache
         with self._lock:
             got = cache.get(text)

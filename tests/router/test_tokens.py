@@ -106,3 +106,18 @@ async def test_a_hub_tokenizer_is_fetched_once_with_the_token(tokenizer_dir, tmp
         assert len(asked) == 2  # cached
     finally:
         await hub.close()
+
+
+def test_short_pieces_are_kept_under_a_bound_and_give_the_same_ids(
+    tokenizer_dir, monkeypatch
+) -> None:
+    import prefix_router.tokens as tokens
+
+    monkeypatch.setattr(tokens, "SHORT_PIECES_MAX", 8)
+    tok = ChatTokenizer(tokenizer_dir)
+    assert tok._pieces is not None
+    for i in range(40):  # more distinct short messages than the bound
+        msgs = [{"role": "user", "content": f"hi {i}"}]
+        whole = tok._tok.encode(tok._text(msgs, None, True), add_special_tokens=False).ids
+        assert tok.prompt_ids(chat(msgs)) == whole
+        assert len(tok._pieces._short) <= 8
