@@ -3,7 +3,13 @@ fixture is tests/conftest.py's)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from typing import Any
+
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from multidict import CIMultiDict
 
 from bench.harness.fleet import Fleet
 
@@ -37,3 +43,29 @@ async def _start_sims(
 def start_sims():
     """An async function (fleet, n, **options) -> list of simulator URLs."""
     return _start_sims
+
+
+ANSWER = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
+          "usage": {"prompt_tokens": 5}}  # fmt: skip
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
+    """An HTTP server answering every chat request like an engine; keeps each request's
+    headers (repeated ones too, as a CIMultiDict) and its JSON body."""
+    seen: list[dict[str, Any]] = []
+
+    async def chat(request: web.Request) -> web.Response:
+        seen.append({"headers": CIMultiDict(request.headers), "body": await request.json()})
+        return web.json_response(ANSWER)
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/health", health)
+    server = TestServer(app)
+    await server.start_server()
+    yield str(server.make_url("")).rstrip("/"), seen
+    await server.close()

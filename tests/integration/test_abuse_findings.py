@@ -16,38 +16,13 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 from multidict import CIMultiDict
 
 from prefix_router.app import serve
 from prefix_router.config import RouterSettings
 
 MODEL = "test-model"
-ANSWER = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
-          "usage": {"prompt_tokens": 5}}  # fmt: skip
 
-
-@pytest.fixture
-async def engine() -> AsyncIterator[tuple[str, list[CIMultiDict[str]]]]:
-    """Answers every chat request like an engine; keeps each request's headers (repeats too)."""
-    seen: list[CIMultiDict[str]] = []
-
-    async def chat(request: web.Request) -> web.Response:
-        seen.append(CIMultiDict(request.headers))
-        await request.read()
-        return web.json_response(ANSWER)
-
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({})
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/health", health)
-    server = TestServer(app)
-    await server.start_server()
-    yield str(server.make_url("")).rstrip("/"), seen
-    await server.close()
 
 
 @pytest.fixture
@@ -99,7 +74,7 @@ async def test_repeated_forwarded_for_headers_are_all_kept(router, engine) -> No
         f"http://127.0.0.1:{port}/v1/chat/completions", data=chat_bytes(), headers=headers
     ) as r:
         assert r.status == 200
-    got = ", ".join(seen[-1].getall("X-Forwarded-For"))
+    got = ", ".join(seen[-1]["headers"].getall("X-Forwarded-For"))
     assert got == "198.18.0.7, 198.18.0.8, 127.0.0.1"
 
 
@@ -133,7 +108,7 @@ async def test_compressed_bodies_are_inflated_by_the_router_within_the_limit(
         async with s.post(url, data=body, headers={**json_headers,
                                                    "Content-Encoding": "gzip"}) as r:
             assert r.status == 200
-        assert seen and "Content-Encoding" not in seen[-1]  # the engine gets it plain
+        assert seen and "Content-Encoding" not in seen[-1]["headers"]  # the engine gets it plain
         async with s.post(url, data=b"\x1f\x8bnot gzip", headers={
                 **json_headers, "Content-Encoding": "gzip"}) as r:
             assert r.status == 400

@@ -13,36 +13,12 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from prefix_router.app import serve
 from prefix_router.config import RouterSettings
 
 MODEL = "test-model"
-ANSWER = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
-          "usage": {"prompt_tokens": 5}}  # fmt: skip
 
-
-@pytest.fixture
-async def engine() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
-    """An HTTP server answering like an engine, keeping each request's headers and body."""
-    seen: list[dict[str, Any]] = []
-
-    async def chat(request: web.Request) -> web.Response:
-        seen.append({"headers": dict(request.headers), "body": await request.json()})
-        return web.json_response(ANSWER)
-
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({})
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/health", health)
-    server = TestServer(app)
-    await server.start_server()
-    yield str(server.make_url("")).rstrip("/"), seen
-    await server.close()
 
 
 class Router:
