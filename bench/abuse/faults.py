@@ -10,7 +10,6 @@ router's.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -20,6 +19,7 @@ from typing import Any
 import aiohttp
 
 from .cases import CHAT, Ctx
+from .watch import Background
 
 TIMEOUT = aiohttp.ClientTimeout(total=60)
 
@@ -35,9 +35,10 @@ class LoadResult:
 
 
 @dataclass
-class Load:
+class Load(Background):
     """Open-loop ordinary requests (half streamed) at `rate` a second, each with its id in
-    its prompt for the tap to see."""
+    its prompt for the tap to see. `stop()`: no new requests; those sent are waited for (each
+    ends within the timeouts)."""
 
     ctx: Ctx
     url: str
@@ -45,7 +46,6 @@ class Load:
     phase: str = "before"
     results: list[LoadResult] = field(default_factory=list)
     first_rid: int = 1_000_000
-    _task: asyncio.Task[None] | None = None
     _inflight: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def one(self, s: aiohttp.ClientSession, rid: int) -> None:
@@ -85,16 +85,6 @@ class Load:
             finally:
                 if self._inflight:
                     await asyncio.wait(self._inflight)
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop())
-
-    async def stop(self) -> None:
-        """No new requests; those sent are waited for (each ends within the timeouts)."""
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
 
 async def readyz(s: aiohttp.ClientSession, url: str) -> dict[str, Any]:

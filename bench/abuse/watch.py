@@ -31,15 +31,32 @@ def proc_figures(pid: int) -> dict[str, float]:
             "peak_rss_mb": round(vm.get("VmHWM", 0) / 1024, 1), "fds": fds}
 
 
+class Background:
+    """Its `_loop()` runs as a task from `start()` until `stop()` cancels it."""
+
+    _task: asyncio.Task[None] | None = None
+
+    async def _loop(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
 @dataclass
-class ProcWatch:
+class ProcWatch(Background):
     """Samples a process a few times a second; keeps the highest RSS and descriptor count."""
 
     pid: int
     period_s: float = 0.25
     max_rss_mb: float = 0.0
     max_fds: int = 0
-    _task: asyncio.Task[None] | None = None
 
     def sample(self) -> dict[str, float]:
         f = proc_figures(self.pid)
@@ -53,18 +70,9 @@ class ProcWatch:
             self.sample()
             await asyncio.sleep(self.period_s)
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop())
-
-    async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
 
 @dataclass
-class HealthzWatch:
+class HealthzWatch(Background):
     """GET /healthz every `period_s` on one kept-alive connection of its own; each answer's
     latency is kept under the phase it was asked in."""
 
@@ -74,7 +82,6 @@ class HealthzWatch:
     phase: str = "idle"
     latencies: dict[str, list[float]] = field(default_factory=dict)
     failures: Counter[str] = field(default_factory=Counter)
-    _task: asyncio.Task[None] | None = None
 
     async def _loop(self) -> None:
         conn = aiohttp.TCPConnector(limit=1)
@@ -94,15 +101,6 @@ class HealthzWatch:
                 else:
                     self.failures[phase] += 1
                 await asyncio.sleep(max(0.0, self.period_s - took))
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop())
-
-    async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
     def summary(self) -> dict[str, dict[str, Any]]:
         """Per phase; "attack" is every phase named "attack: <group>" together."""
