@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import time
 from pathlib import Path
 
 import aiohttp
 import pytest
+from waiting import scaled, until
 
 from bench.harness.fleet import Fleet
 
@@ -19,15 +19,6 @@ MODEL = "test-model"
 TOKENS = 300  # at the 70B profile slowed 5x (~75 ms a token): a stream of ~20 s
 
 pytestmark = pytest.mark.slow
-
-
-async def _until(check, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def test_sigterm_drains_and_a_second_one_does_not_cut_a_stream(
@@ -53,7 +44,7 @@ async def test_sigterm_drains_and_a_second_one_does_not_cut_a_stream(
             return events
 
     task = asyncio.create_task(stream())
-    await asyncio.wait_for(first.wait(), 60)
+    await asyncio.wait_for(first.wait(), scaled(60))
 
     async def status(path: str) -> int:
         # a new connection each time: the listener must still accept them while draining
@@ -61,7 +52,10 @@ async def test_sigterm_drains_and_a_second_one_does_not_cut_a_stream(
             return r.status
 
     router.process.send_signal(signal.SIGTERM)
-    await _until(lambda: _is(status("/readyz"), 503), "/readyz to fail after SIGTERM")
+    async def not_ready() -> bool:
+        return await status("/readyz") == 503
+
+    await until(not_ready, 60, "/readyz to fail after SIGTERM", interval=0.05)
     assert await status("/healthz") == 200  # alive: a liveness probe must not restart it
     async with aiohttp.ClientSession() as s, s.post(router.url + "/v1/completions", json={
             "model": MODEL, "prompt": "late client", "max_tokens": 2}) as r:
@@ -69,20 +63,14 @@ async def test_sigterm_drains_and_a_second_one_does_not_cut_a_stream(
     assert not task.done(), "the stream ended before the second SIGTERM: make it longer"
     router.process.send_signal(signal.SIGTERM)
 
-    events = await asyncio.wait_for(task, 180)
+    events = await asyncio.wait_for(task, scaled(180))
     assert events[-1] == b"[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert not any("error" in c for c in chunks), chunks[-3:]
     ends = [ch["finish_reason"] for c in chunks for ch in c.get("choices", [])
             if ch.get("finish_reason")]
     assert ends == ["length"], ends  # the engine's own end: every token arrived
-    assert await asyncio.wait_for(router.process.wait(), 60) == 0
+    assert await asyncio.wait_for(router.process.wait(), scaled(60)) == 0
     log = router.log_path.read_text()
     assert "already draining" in log
 
-
-async def _is(coro, want: int) -> bool:
-    try:
-        return await coro == want
-    except aiohttp.ClientError:
-        return False
