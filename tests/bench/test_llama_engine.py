@@ -4,14 +4,11 @@ declaration, and the trace's analysis of where requests went."""
 
 from __future__ import annotations
 
-import pytest
-
 from bench.harness import llama
 from bench.harness.loadgen import RunLog
 from bench.harness.workloads import build
 from bench.runner import engine_api, model_of, plan
 from bench.scenarios import LLAMA_KV_TOKENS, LLAMA_SERVERS, SCENARIOS, setup
-from bench.trace_llama import Record, analyse
 
 METRICS = """# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed, excluding cached
 # TYPE llamacpp:prompt_tokens_total counter
@@ -74,29 +71,6 @@ def test_the_real_engine_scenario_sits_between_one_server_and_the_fleet() -> Non
     runs = plan(sc)
     assert len(runs) == sc.repeats * len(sc.rates or ()) * len(sc.setups)
     assert engine_api(sc) is llama and model_of(sc) == llama.MODEL
-
-
-def _rec(i: int, group: str, sent: float, done: float, backend: str, reason: str,
-         cached: int, prompt: int = 2000) -> Record:
-    return Record(i, group, sent, done, 0.01, backend, reason, prompt, cached)
-
-
-def test_the_trace_names_predicted_hits_missed_behind_a_busy_slot() -> None:
-    recs = [
-        _rec(0, "a", 0.0, 1.0, "s1", "miss", 0),
-        _rec(1, "a", 0.5, 1.2, "s1", "hit", 6),  # a's first is still in flight on s1
-        _rec(2, "b", 0.6, 0.9, "s2", "miss", 0),
-        _rec(3, "a", 2.0, 2.2, "s1", "hit", 1990),
-        _rec(4, "b", 3.0, 3.2, "s1", "miss", 0),  # b was placed on s2: forgotten
-        _rec(5, "b", 4.0, 4.1, "s1", "hit", 100),  # missed, nothing of b in flight
-        _rec(6, "a", 5.0, 5.1, "s1", "miss", 1990),  # routed as a miss: s1 held it
-    ]
-    a = analyse(recs)
-    assert a["predicted_hits"] == 3 and a["predicted_hits_missed"] == 2
-    assert a["missed_with_busy_twin"] == 1
-    assert a["miss_of_a_placed_prefix"] == 2 and a["miss_the_engine_held"] == 1
-    assert a["servers_that_computed_each_prefix"] == {"a": 1, "b": 2}
-    assert a["hit_rate_reported"] == pytest.approx((6 + 1990 + 100 + 1990) / 14000, abs=1e-4)
 
 
 def test_a_setup_can_run_its_routers_with_their_own_environment() -> None:
