@@ -117,11 +117,14 @@ class Attempt:
         a speculative entry beside the index; otherwise the index records it."""
         sched, r = self.sched, self.route
         s = sched.settings
-        if s.index == "events":
-            until = sched.clock() + s.events.speculative_s
-            sched.speculative.hold_until(r.parsed.model, hashes, self.backend, until)
-            return
         d = r.decision
+        if s.index == "events":
+            # only the blocks the index did not have here: the rest it knows from the
+            # engine's events already (lookups carry a hold on from the index's depth)
+            start = known or (d.matched_blocks if self.backend == d.backend else 0)
+            until = sched.clock() + s.events.speculative_s
+            sched.speculative.hold_until(r.parsed.model, hashes[start:], self.backend, until)
+            return
         news = not known and (self.backend != d.backend or d.reason != "hit")
         sched.index.record(r.parsed.model, hashes, self.backend, news=news, known=known)
 

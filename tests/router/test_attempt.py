@@ -88,3 +88,24 @@ async def test_a_closed_attempt_releases_its_load_once(make_scheduler):
     a.close()
     a.close()
     assert sched.load.inflight(b) == 0 and sched.load.pending_prefill(b) == 0
+
+
+async def test_with_events_a_hit_holds_only_what_the_index_lacks(make_scheduler):
+    """In `events` mode the engine's events record a chain; until they come, an answered
+    request's blocks are speculative holds, and of a hit only those past its match."""
+    sched = make_scheduler(BACKENDS, 100_000)
+    sched.settings = sched.settings.model_copy(update={"index": "events"})
+    first = await sched.route(_parsed())
+    b = first.decision.backend
+    sched.index.record("m", first.hashes, b)  # as the engine's BlockStored would
+    route = await sched.route(_parsed(user="another question " * 30))
+    assert (route.decision.backend, route.decision.reason) == (b, "hit")
+    matched = route.decision.matched_blocks
+    assert 0 < matched < len(route.hashes)
+    with Attempt(sched, route, b) as a:
+        a.answered(200)
+        a.first_byte(streamed=False)
+    assert len(sched.speculative) == len(route.hashes) - matched
+    assert sched.index.entries() == len(first.hashes)  # the events, not the router, record
+    behind = await sched.route(_parsed(user="another question " * 30))
+    assert behind.decision.matched_blocks == len(behind.hashes)

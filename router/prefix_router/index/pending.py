@@ -46,6 +46,8 @@ class PendingIndex:
 
     def hold_until(self, model: str, hashes: Sequence[int], backend: str, when: float) -> None:
         """Hold the chain until `when` (a speculative entry: see attempt.py)."""
+        if not hashes:
+            return
         self.hold(model, hashes, backend)
         heapq.heappush(self._due, (when, model, hashes, backend))
 
@@ -80,8 +82,9 @@ class PendingIndex:
         heapq.heapify(self._due)
 
     def merge(self, model: str, hashes: Sequence[int], into: dict[str, int]) -> dict[str, int]:
-        """`into` with each backend's depth raised to what is held for it here (a copy when
-        anything changes: `into` may be a cached answer)."""
+        """`into` with each backend's depth raised to what is held for it here: from the
+        chain's start, or on from the depth `into` gives it (a hold may cover only the blocks
+        the index did not have). A copy when anything changes: `into` may be a cached answer."""
         held = self._held
         if not held or not hashes:
             return into
@@ -101,6 +104,18 @@ class PendingIndex:
                     if out is into:
                         out = dict(into)
                     out[b] = depth
+        n = len(hashes)
+        for b, d in list(out.items()):
+            deeper = d
+            while deeper < n:
+                owners = held.get((model, hashes[deeper]))
+                if owners is None or b not in owners:
+                    break
+                deeper += 1
+            if deeper > d:
+                if out is into:
+                    out = dict(into)
+                out[b] = deeper
         return out
 
     def __len__(self) -> int:

@@ -27,9 +27,6 @@ from ..offload import Offload
 from ..parsing import ParsedRequest, next_turn_canonical
 from ..prefix import block_hashes, chain_seed
 from ..sizing import Sizing
-
-if TYPE_CHECKING:
-    from ..tokens import ChatTokenizer
 from .candidate import Ask, Candidate, Decision
 from .demand import Demand, wants_another_owner
 from .filters import serving
