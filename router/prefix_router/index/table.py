@@ -2,8 +2,9 @@
 
 Pure data structure (no I/O, the clock is passed in). Each backend gets a bit; the index maps a
 block hash to the bitmask of its owners, so matching a whole chain is a walk of dict lookups and
-integer ANDs with no allocation per block. Each backend also keeps its blocks in LRU order; that
-order drives two evictions that keep the table honest about what an engine can still hold:
+integer ANDs with no allocation per block. Each backend also keeps its blocks in LRU order
+(holding.py); that order drives two evictions that keep the table honest about what an engine
+can still hold:
 - capacity: once a backend's estimated cached tokens exceed its KV capacity, its least recently
   used blocks go first (as the engine's own LRU would evict them);
 - TTL: blocks not used for `ttl` seconds are forgotten.
@@ -13,26 +14,23 @@ order in which engines free a sequence's blocks.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+
+from .holding import Holding
 
 
 class OwnershipTable:
     __slots__ = (
         "_all_mask",
-        "_block_tokens",
-        "_cap",
+        "_by_slot",
         "_capacity_blocks",
         "_capacity_tokens",
         "_entries",
         "_free_bits",
+        "_held",
         "_index",
-        "_keep",
-        "_lru",
         "_max_entries",
         "_max_owners",
-        "_names",
-        "_slot",
         "_ttl",
     )
 
@@ -44,59 +42,45 @@ class OwnershipTable:
         max_entries: int = 2_000_000,
         max_owners: int = 0,
     ) -> None:
-        self._block_tokens: float = block_tokens
         self._capacity_tokens = capacity_tokens
         self._capacity_blocks = capacity_tokens // block_tokens if capacity_tokens > 0 else 0
         self._ttl = ttl
         self._max_entries = max_entries
         self._max_owners = max_owners
-        self._index: dict[int, int] = {}
-        self._lru: list[OrderedDict[int, float] | None] = []
-        # per slot, learned from what its engine reports (learning.py): a capacity in blocks
-        # (0: the configured one) and how long an unused block stays (infinity: the TTL)
-        self._cap: list[int] = []
-        self._keep: list[float] = []
-        self._names: list[str | None] = []
-        self._slot: dict[str, int] = {}
+        self._index: dict[int, int] = {}  # block -> bitmask of its owners
+        self._held: dict[str, Holding] = {}
+        self._by_slot: list[Holding | None] = []
         self._free_bits: list[int] = []
         self._all_mask = 0
         self._entries = 0
 
     # -- membership -------------------------------------------------------------------------
-    def _bit(self, backend: str) -> int:
-        slot = self._slot.get(backend)
-        if slot is not None:
-            return slot
+    def _holding(self, backend: str) -> Holding:
+        """The backend's holding, given a free bit if it has none yet."""
+        h = self._held.get(backend)
+        if h is not None:
+            return h
         if self._free_bits:
-            slot = self._free_bits.pop()
-            self._lru[slot] = OrderedDict()
-            self._names[slot] = backend
-            self._cap[slot] = 0
-            self._keep[slot] = float("inf")
+            h = Holding(backend, self._free_bits.pop())
+            self._by_slot[h.slot] = h
         else:
-            slot = len(self._lru)
-            self._lru.append(OrderedDict())
-            self._names.append(backend)
-            self._cap.append(0)
-            self._keep.append(float("inf"))
-        self._slot[backend] = slot
-        self._all_mask |= 1 << slot
-        return slot
+            h = Holding(backend, len(self._by_slot))
+            self._by_slot.append(h)
+        self._held[backend] = h
+        self._all_mask |= 1 << h.slot
+        return h
 
     def drop_backend(self, backend: str) -> int:
         """Forget everything a backend owned (it left, or was ejected). Returns blocks dropped."""
-        slot = self._slot.pop(backend, None)
-        if slot is None:
+        h = self._held.pop(backend, None)
+        if h is None:
             return 0
-        lru = self._lru[slot]
-        assert lru is not None
-        self._clear(lru, slot)
-        dropped = len(lru)
+        self._clear(h.lru, h.slot)
+        dropped = len(h.lru)
         self._entries -= dropped
-        self._lru[slot] = None
-        self._names[slot] = None
-        self._all_mask &= ~(1 << slot)
-        self._free_bits.append(slot)
+        self._by_slot[h.slot] = None
+        self._all_mask &= ~(1 << h.slot)
+        self._free_bits.append(h.slot)
         return dropped
 
     def _clear(self, hashes: Iterable[int], slot: int) -> None:
@@ -109,6 +93,14 @@ class OwnershipTable:
                 index[h] = mask
             else:
                 index.pop(h, None)
+
+    def _capacity(self, h: Holding) -> int:
+        """Blocks the backend may hold (0: no limit)."""
+        return h.capacity or self._capacity_blocks
+
+    def _cutoff(self, h: Holding, now: float) -> float:
+        """Blocks last used at or before this are no longer held."""
+        return now - min(self._ttl, h.keep_s)
 
     # -- queries ----------------------------------------------------------------------------
     def match(self, hashes: Sequence[int], now: float | None = None) -> dict[str, int]:
@@ -134,15 +126,10 @@ class OwnershipTable:
             if alive and depth:
                 self._credit(alive, depth, result)
         if now is not None and result:
-            # blocks past the TTL, or past what the engine is known to keep, are not held:
-            # deeper blocks are never used more recently, so the depth shrinks from the end
+            # blocks past the TTL, or past what the engine is known to keep, are not held
             for name, d in list(result.items()):
-                slot = self._slot[name]
-                lru = self._lru[slot]
-                assert lru is not None
-                cutoff = now - min(self._ttl, self._keep[slot])
-                while d and lru.get(hashes[d - 1], now) <= cutoff:
-                    d -= 1
+                holding = self._held[name]
+                d = holding.depth(hashes, d, self._cutoff(holding, now), now)
                 if d:
                     result[name] = d
                 else:
@@ -150,61 +137,38 @@ class OwnershipTable:
         return result
 
     def _credit(self, mask: int, depth: int, result: dict[str, int]) -> None:
-        names = self._names
+        by_slot = self._by_slot
         while mask:
             low = mask & -mask
-            name = names[low.bit_length() - 1]
-            if name is not None:
-                result[name] = depth
+            h = by_slot[low.bit_length() - 1]
+            if h is not None:
+                result[h.name] = depth
             mask ^= low
 
     def owned_blocks(self, backend: str) -> int:
-        slot = self._slot.get(backend)
-        if slot is None:
-            return 0
-        lru = self._lru[slot]
-        return len(lru) if lru is not None else 0
+        h = self._held.get(backend)
+        return len(h.lru) if h is not None else 0
 
-    def last_use(self, backend: str, h: int) -> float | None:
-        slot = self._slot.get(backend)
-        lru = self._lru[slot] if slot is not None else None
-        return lru.get(h) if lru is not None else None
+    def last_use(self, backend: str, block: int) -> float | None:
+        h = self._held.get(backend)
+        return h.lru.get(block) if h is not None else None
 
     def fill(self, backend: str) -> float:
         """The share of the backend's capacity its blocks take (0 with no capacity set)."""
-        slot = self._slot.get(backend)
-        if slot is None or not self.capacity_of(slot):
-            return 0.0
-        lru = self._lru[slot]
-        return len(lru) / self.capacity_of(slot) if lru else 0.0
-
-    def capacity_of(self, slot: int) -> int:
-        """Blocks the slot's backend may hold (0: no limit)."""
-        return self._cap[slot] or self._capacity_blocks
+        h = self._held.get(backend)
+        cap = self._capacity(h) if h is not None else 0
+        return len(h.lru) / cap if h is not None and cap else 0.0
 
     def tail_age(self, backend: str, now: float) -> float:
-        """Seconds since the least recently used block of a full backend was last used.
-
-        What a new prefix placed there would evict is about this cold: a backend whose tail is
-        young is thrashing. A backend with room left evicts nothing (infinity).
-        """
-        slot = self._slot.get(backend)
-        if slot is None or not self.capacity_of(slot):
-            return float("inf")
-        lru = self._lru[slot]
-        # "Full" a little early: a request adds its unique blocks on top of what it matched.
-        if not lru or len(lru) < self.capacity_of(slot) * 0.95:
-            return float("inf")
-        return max(now - next(iter(lru.values())), 0.0)
+        """Seconds since the least recently used block of a full backend was last used
+        (infinity: it has room, or no capacity is set)."""
+        h = self._held.get(backend)
+        return float("inf") if h is None else h.tail_age(self._capacity(h), now)
 
     def holdings(self) -> dict[str, list[tuple[int, float]]]:
         """Per backend, its blocks and their last use, least recently used first (for
         debugging, and for tests that check a table is left exactly as it was)."""
-        return {
-            name: list(lru.items())
-            for name, lru in zip(self._names, self._lru, strict=True)
-            if name is not None and lru is not None
-        }
+        return {name: list(h.lru.items()) for name, h in self._held.items()}
 
     def __len__(self) -> int:
         """(block, backend) ownership entries."""
@@ -218,10 +182,9 @@ class OwnershipTable:
         """`backend` now holds every block of this chain (it will have prefilled them)."""
         if not hashes:
             return
-        slot = self._bit(backend)
-        bit = 1 << slot
-        lru = self._lru[slot]
-        assert lru is not None
+        holding = self._holding(backend)
+        bit = 1 << holding.slot
+        lru = holding.lru
         index = self._index
         max_owners = self._max_owners
         added = 0
@@ -238,79 +201,66 @@ class OwnershipTable:
             lru[h] = now
             added += 1
         self._entries += added
-        cap = self.capacity_of(slot)
-        if cap and len(lru) > cap:
-            self._evict(slot, len(lru) - cap)
+        self._trim(holding)
         if self._entries > self._max_entries:
             self._evict_largest(self._entries - self._max_entries)
 
     def truncate(self, hashes: Sequence[int], backend: str, keep: int) -> int:
         """`backend` holds only the first `keep` blocks of this chain (an engine reported
         fewer cached tokens, or evicted them). Returns the entries removed."""
-        slot = self._slot.get(backend)
-        if slot is None:
+        holding = self._held.get(backend)
+        if holding is None:
             return 0
-        lru = self._lru[slot]
-        assert lru is not None
+        lru = holding.lru
         gone = [h for h in hashes[max(keep, 0) :] if lru.pop(h, None) is not None]
-        self._clear(gone, slot)
+        self._clear(gone, holding.slot)
         self._entries -= len(gone)
         return len(gone)
 
-    def _evict(self, slot: int, count: int) -> None:
-        lru = self._lru[slot]
-        assert lru is not None
-        popitem = lru.popitem
-        count = min(count, len(lru))
-        self._clear([popitem(last=False)[0] for _ in range(count)], slot)
-        self._entries -= count
+    def _evict(self, holding: Holding, count: int) -> None:
+        gone = holding.pop_oldest(count)
+        self._clear(gone, holding.slot)
+        self._entries -= len(gone)
+
+    def _trim(self, holding: Holding) -> None:
+        """Evict the backend's oldest blocks past its capacity."""
+        cap = self._capacity(holding)
+        if cap and len(holding.lru) > cap:
+            self._evict(holding, len(holding.lru) - cap)
 
     def _evict_largest(self, count: int) -> None:
         while count > 0:
-            slot = max(
-                (i for i, lru in enumerate(self._lru) if lru),
-                key=lambda i: len(self._lru[i] or ()),
+            largest = max(
+                (h for h in self._by_slot if h is not None and h.lru),
+                key=lambda h: len(h.lru),
                 default=None,
             )
-            if slot is None:
+            if largest is None:
                 return
-            lru = self._lru[slot]
-            assert lru is not None
-            n = min(count, max(1, len(lru) // 8))
-            self._evict(slot, n)
+            n = min(count, max(1, len(largest.lru) // 8))
+            self._evict(largest, n)
             count -= n
 
     def resize(self, block_tokens: float) -> None:
         """A block holds this many engine tokens now (sizing.py learned it)."""
-        self._block_tokens = block_tokens
         if self._capacity_tokens > 0:
             self._capacity_blocks = max(1, int(self._capacity_tokens / block_tokens))
 
     def limit(self, backend: str, capacity_blocks: int, keep_s: float) -> None:
         """What `backend`'s engine was learned to hold: at most `capacity_blocks` (0: the
         configured capacity), each unused block for at most `keep_s` seconds."""
-        slot = self._bit(backend)
-        self._cap[slot] = capacity_blocks
-        self._keep[slot] = keep_s
-        lru = self._lru[slot]
-        cap = self.capacity_of(slot)
-        if lru is not None and cap and len(lru) > cap:
-            self._evict(slot, len(lru) - cap)
+        holding = self._holding(backend)
+        holding.capacity = capacity_blocks
+        holding.keep_s = keep_s
+        self._trim(holding)
 
     def expire(self, now: float) -> int:
         """Drop entries unused for longer than the TTL, or than their engine keeps them.
         Returns how many went."""
         gone = 0
-        for slot, lru in enumerate(self._lru):
-            if not lru:
-                continue
-            cutoff = now - min(self._ttl, self._keep[slot])
-            n = 0
-            for t in lru.values():
-                if t > cutoff:
-                    break
-                n += 1
+        for holding in self._held.values():
+            n = holding.stale(self._cutoff(holding, now))
             if n:
-                self._evict(slot, n)
+                self._evict(holding, n)
                 gone += n
         return gone

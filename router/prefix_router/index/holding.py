@@ -1,0 +1,53 @@
+"""What one backend holds in an ownership table (table.py): its blocks in LRU order with their
+last use, and what its engine was learned to keep (learning.py). Pure."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+# A backend counts as full this much early: a request adds its unique blocks on top of what it
+# matched.
+FULL = 0.95
+
+
+class Holding:
+    __slots__ = ("capacity", "keep_s", "lru", "name", "slot")
+
+    def __init__(self, name: str, slot: int) -> None:
+        self.name = name
+        self.slot = slot  # its bit in the table's owner masks
+        self.lru: OrderedDict[int, float] = OrderedDict()  # block -> last use, oldest first
+        self.capacity = 0  # blocks its engine was learned to hold (0: the table's setting)
+        self.keep_s = float("inf")  # longest its engine keeps an unused block (inf: the TTL)
+
+    def depth(self, hashes: Sequence[int], depth: int, cutoff: float, now: float) -> int:
+        """Of the first `depth` blocks of `hashes`, how many lead up to the first one last
+        used after `cutoff`: deeper blocks are never used more recently, so the depth shrinks
+        from the end."""
+        lru = self.lru
+        while depth and lru.get(hashes[depth - 1], now) <= cutoff:
+            depth -= 1
+        return depth
+
+    def stale(self, cutoff: float) -> int:
+        """How many of its least recently used blocks were last used at or before `cutoff`."""
+        n = 0
+        for t in self.lru.values():
+            if t > cutoff:
+                break
+            n += 1
+        return n
+
+    def pop_oldest(self, count: int) -> list[int]:
+        popitem = self.lru.popitem
+        return [popitem(last=False)[0] for _ in range(min(count, len(self.lru)))]
+
+    def tail_age(self, capacity: int, now: float) -> float:
+        """Seconds since its least recently used block was last used, once it is full
+        (infinity with room left, or no capacity): what a new prefix placed there would evict
+        is about this cold, and a backend whose tail is young is thrashing."""
+        lru = self.lru
+        if not capacity or not lru or len(lru) < capacity * FULL:
+            return float("inf")
+        return max(now - next(iter(lru.values())), 0.0)
