@@ -1,10 +1,9 @@
 """`python -m bench abuse`: hostile clients, slow clients and sick engines against one router
 (local store, then Redis), and what it cost the router. Writes bench/results/abuse/.
 
-  cases.py    the hostile requests, as data      raw.py     HTTP on a bare socket
-  attacks.py  send them, judge the answers        faults.py  engines hung or killed, Redis lost
-  tap.py      what reaches the engines; hangs     watch.py   /proc, /healthz, the log, Redis
-  run.py      one round                           report.py  figures, bars, the README
+  cases.py   the hostile requests, as data     client.py  send them on a bare socket, judge
+  tap.py     what reaches the engines; hangs   run.py     one round: attack, faults, watchers
+  report.py  figures, bars, the README
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The hostile requests, as data: each case is the bytes a client sends (how, and when it
-leaves) and the answers that are right for it. Building a case does no I/O; attacks.py sends
+leaves) and the answers that are right for it. Building a case does no I/O; client.py sends
 them.
 
 Every prompt starts with the run's marker, so the router's log can be searched for client
@@ -13,12 +13,11 @@ import json
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
-from .raw import Until, chunked, request
-
 MiB = 2**20
+CRLF = b"\r\n"
 LINGER_S = 10.0  # aiohttp's RequestHandler lingering_time (the router does not set it)
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -49,7 +48,7 @@ class Case:
     pieces: tuple[bytes, ...]
     expect: Expect
     gap: float = 0.0  # seconds between pieces
-    until: Until = "reply"
+    until: str = "reply"  # what the client waits for: reply, close, sent, first-body-byte
     timeout: float = 30.0
     repeat: int = 1
     rst: bool = False
@@ -66,6 +65,22 @@ def meets(status: int | str, expect: Expect) -> bool:
     """Whether an outcome is one the case allows."""
     s = str(status)
     return any(s == e or (e.endswith("xx") and s[:1] == e[0] and s.isdigit()) for e in expect)
+
+
+def request(method: str, path: str, headers: Sequence[tuple[str, str]] = (),
+            body: bytes = b"", *, version: str = "HTTP/1.1", length: bool = True) -> bytes:
+    """One request's bytes; Content-Length is added for a body unless `length` is false."""
+    lines = [f"{method} {path} {version}".encode()]
+    lines += [f"{k}: {v}".encode("latin-1") for k, v in headers]
+    if body and length:
+        lines.append(b"Content-Length: %d" % len(body))
+    return CRLF.join(lines) + CRLF + CRLF + body
+
+
+def chunked(body: bytes, size: int = 65536) -> bytes:
+    """`body` in the chunked transfer coding, ended."""
+    pieces = (body[i : i + size] for i in range(0, len(body), size))
+    return b"".join(b"%x\r\n" % len(p) + p + CRLF for p in pieces) + b"0\r\n\r\n"
 
 
 def chat(ctx: Ctx, content: str, **extra: Any) -> dict[str, Any]:
@@ -444,68 +459,58 @@ def headers(ctx: Ctx) -> list[Case]:
 
 
 def hop_by_hop(ctx: Ctx, first_id: int) -> list[Case]:
-    """Probes whose headers the tap records at the engine; each is checked there."""
-    c = "hop-by-hop and forwarding"
-
-    def probe(n: int, hs: list[tuple[str, str]], check: ProbeCheck, name: str,
-              content: dict[str, Any] | None = None) -> Case:
-        i = first_id + n
-        body = js(chat(ctx, text(ctx, f"hdrprobe-{i}"), **(content or {})))
-        return Case(c, name, (post(CHAT, body, hs),), ("200",), probe=i, probe_check=check)
-
-    def names(rec: dict[str, Any]) -> list[str]:
-        return [k.lower() for k, _v in rec["headers"]]
-
-    def values(rec: dict[str, Any], name: str) -> list[str]:
-        return [v for k, v in rec["headers"] if k.lower() == name]
-
-    def reached(check: Callable[[dict[str, Any]], list[str]]) -> ProbeCheck:
-        return lambda rec: ["did not reach an engine"] if rec is None else check(rec)
-
+    """Probes whose headers the tap records at the engine; each is checked there: the headers
+    that must not reach it, the X-Forwarded-For it must get, the cache_salt it must get."""
     hop = ("keep-alive", "te", "trailer", "upgrade", "proxy-authorization", "proxy-connection")
-    return [
-        probe(0, [("Connection", "keep-alive, X-Secret-Hop"), ("X-Secret-Hop", ctx.tag),
-                  ("X-Kept", "yes")],
-              reached(lambda r: [f"{h} reached the engine" for h in ("x-secret-hop",)
-                                 if h in names(r)] + ([] if "x-kept" in names(r)
-                                                     else ["an end-to-end header was dropped"])),
-              "a header named in Connection"),
-        probe(1, [("Keep-Alive", "timeout=5"), ("TE", "trailers"), ("Trailer", "X-T"),
-                  ("Proxy-Authorization", f"Basic {ctx.tag}"), ("Proxy-Connection", "close")],
-              reached(lambda r: [f"{h} reached the engine" for h in hop if h in names(r)]),
-              "the standard hop-by-hop headers"),
-        probe(2, [("X-Forwarded-For", "198.18.0.7")],
-              reached(lambda r: [] if values(r, "x-forwarded-for") == ["198.18.0.7, 127.0.0.1"]
-                      else [f"X-Forwarded-For at the engine: {values(r, 'x-forwarded-for')}"]),
-              "X-Forwarded-For is appended to"),
-        probe(3, [("X-FORWARDED-FOR", "198.18.0.7")],
-              reached(lambda r: [] if values(r, "x-forwarded-for") == ["198.18.0.7, 127.0.0.1"]
-                      else [f"X-Forwarded-For at the engine: {values(r, 'x-forwarded-for')}"]),
-              "X-Forwarded-For in capitals"),
-        probe(4, [("X-Forwarded-For", "198.18.0.7"), ("X-Forwarded-For", "198.18.0.8")],
-              reached(lambda r: [] if values(r, "x-forwarded-for") ==
-                      ["198.18.0.7, 198.18.0.8, 127.0.0.1"]
-                      else [f"X-Forwarded-For at the engine: {values(r, 'x-forwarded-for')}"]),
-              "two X-Forwarded-For headers"),
-        probe(5, [("Connection", "X-Forwarded-For"), ("X-Forwarded-For", "198.18.0.7")],
-              reached(lambda r: [] if values(r, "x-forwarded-for") == ["127.0.0.1"]
-                      else [f"X-Forwarded-For at the engine: {values(r, 'x-forwarded-for')}"]),
-              "X-Forwarded-For named in Connection"),
-        probe(6, [("Connection", "x-cache-salt"), ("x-cache-salt", "tenant-hop")],
-              reached(lambda r: ([] if r["cache_salt"] == "tenant-hop"
-                                 else [f"cache_salt at the engine: {r['cache_salt']!r}"])
-                      + (["x-cache-salt reached the engine"] if "x-cache-salt" in names(r)
-                         else [])),
-              "the salt header named in Connection still salts"),
-        probe(7, [("x-cache-salt", "tenant-a")],
-              reached(lambda r: [] if r["cache_salt"] == "tenant-a"
-                      else [f"cache_salt at the engine: {r['cache_salt']!r}"]),
-              "the gateway's salt replaces the body's", {"cache_salt": "tenant-b"}),
-        probe(8, [("X-Cache-Salt", "tenant-a"), ("x-cache-salt", "tenant-b")],
-              reached(lambda r: [] if r["cache_salt"] in ("tenant-a", "tenant-b")
-                      else [f"cache_salt at the engine: {r['cache_salt']!r}"]),
-              "two salt headers", {"cache_salt": "tenant-c"}),
+    xff = "198.18.0.7"
+    probes: list[tuple[str, list[tuple[str, str]], dict[str, Any]]] = [
+        ("a header named in Connection", [("Connection", "keep-alive, X-Secret-Hop"),
+                                          ("X-Secret-Hop", ctx.tag), ("X-Kept", "yes")],
+         {"absent": ("x-secret-hop",), "kept": "x-kept"}),
+        ("the standard hop-by-hop headers", [
+            ("Keep-Alive", "timeout=5"), ("TE", "trailers"), ("Trailer", "X-T"),
+            ("Proxy-Authorization", f"Basic {ctx.tag}"), ("Proxy-Connection", "close")],
+         {"absent": hop}),
+        ("X-Forwarded-For is appended to", [("X-Forwarded-For", xff)],
+         {"xff": [f"{xff}, 127.0.0.1"]}),
+        ("X-Forwarded-For in capitals", [("X-FORWARDED-FOR", xff)],
+         {"xff": [f"{xff}, 127.0.0.1"]}),
+        ("two X-Forwarded-For headers", [("X-Forwarded-For", xff),
+                                         ("X-Forwarded-For", "198.18.0.8")],
+         {"xff": [f"{xff}, 198.18.0.8, 127.0.0.1"]}),
+        ("X-Forwarded-For named in Connection", [("Connection", "X-Forwarded-For"),
+                                                 ("X-Forwarded-For", xff)],
+         {"xff": ["127.0.0.1"]}),
+        ("the salt header named in Connection still salts", [
+            ("Connection", "x-cache-salt"), ("x-cache-salt", "tenant-hop")],
+         {"salt": ("tenant-hop",), "absent": ("x-cache-salt",)}),
+        ("the gateway's salt replaces the body's", [("x-cache-salt", "tenant-a")],
+         {"salt": ("tenant-a",), "body": {"cache_salt": "tenant-b"}}),
+        ("two salt headers", [("X-Cache-Salt", "tenant-a"), ("x-cache-salt", "tenant-b")],
+         {"salt": ("tenant-a", "tenant-b"), "body": {"cache_salt": "tenant-c"}}),
     ]
+    out = []
+    for n, (name, hs, want) in enumerate(probes):
+        body = js(chat(ctx, text(ctx, f"hdrprobe-{first_id + n}"), **want.get("body", {})))
+        out.append(Case("hop-by-hop and forwarding", name, (post(CHAT, body, hs),), ("200",),
+                        probe=first_id + n, probe_check=partial(_at_engine, want)))
+    return out
+
+
+def _at_engine(want: dict[str, Any], rec: dict[str, Any] | None) -> list[str]:
+    """What is wrong with a probe's record at the engine (the tap's), against `want`."""
+    if rec is None:
+        return ["did not reach an engine"]
+    names = [k.lower() for k, _v in rec["headers"]]
+    got = [v for k, v in rec["headers"] if k.lower() == "x-forwarded-for"]
+    out = [f"{h} reached the engine" for h in want.get("absent", ()) if h in names]
+    if "kept" in want and want["kept"] not in names:
+        out.append("an end-to-end header was dropped")
+    if "xff" in want and got != want["xff"]:
+        out.append(f"X-Forwarded-For at the engine: {got}")
+    if "salt" in want and rec["cache_salt"] not in want["salt"]:
+        out.insert(0, f"cache_salt at the engine: {rec['cache_salt']!r}")
+    return out
 
 
 def expect_tricks(ctx: Ctx) -> list[Case]:
