@@ -16,7 +16,7 @@ import yaml
 
 from . import abuse
 from .harness.workloads import WORKLOADS
-from .scenarios import INDEXES, SCENARIOS, SETUPS, Scenario, indexed, setup
+from .scenarios import SCENARIOS, SETUPS, Scenario, setup
 
 ALIASES = {"overhead-all": ("overhead", "ours and every anchor router, one after the other",
                             ("prefix", "prefix-redis", "sglang-cache_aware", "vllm-cache_aware",
@@ -36,9 +36,6 @@ def generic(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tag", help="tells this run's points apart from others of the same points")
     p.add_argument("--router-kv-capacity-factor", dest="capacity_factor", type=float,
                    help="the routers are told F x the simulators' KV capacity (default 1)")
-    p.add_argument("--index", nargs="+", choices=INDEXES, metavar="MODE",
-                   help="what feeds our prefix router's index: approx, corrected, events (one "
-                   "setup per mode; the simulators then speak vLLM's tokens and KV events)")
     p.add_argument("--out", type=under_results,
                    help="results folder under bench/results (default: the scenario's)")
     p.add_argument("--report", action="store_true", help="only rebuild the report from its JSON")
@@ -53,7 +50,6 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--router", dest="setups", nargs=1, help="a setup, as --setups")
     r.add_argument("--replicas", type=int, default=8)
     r.add_argument("--router-replicas", type=int, default=1)
-    r.add_argument("--redis-url")
     r.add_argument("--profile", default="llama-3.1-70b-h100")
     r.add_argument("--time-scale", type=float, default=1.0)
     r.add_argument("--kv-capacity", type=int)
@@ -108,13 +104,10 @@ def declared(args: argparse.Namespace) -> list[Scenario]:
         cfg = yaml.safe_load(Path(args.router_config).read_text()) if args.router_config else {}
         over.update(setups=(dataclasses.replace(s, settings={**s.settings, **cfg},
                                                 replicas=args.router_replicas, store=args.store),),
-                    replicas=args.replicas, redis_url=args.redis_url, profile=args.profile,
+                    replicas=args.replicas, profile=args.profile,
                     time_scale=args.time_scale, kv_capacity=args.kv_capacity, seed=args.seed,
                     rates=over.get("rates", (10.0,)),
                     workloads=over.get("workloads", ("system-prompts",))[:1])
-    if getattr(args, "index", None):
-        over["setups"] = indexed(over.get("setups", sc.setups), args.index)
-        over["kv_events"] = True
     for s in over.get("setups", ()):
         setup(s)  # refuse a bad setup before anything starts
     out = []

@@ -72,10 +72,10 @@ class Run:
     client: str = "loadgen"
 
 
-def engine_api(sc: Scenario) -> Any:
+def engine_stats(sc: Scenario) -> engines.Stats:
     """Where the engines' figures come from: the simulators' /stats, or llama-server's
-    /metrics (snapshot and settle alike in both)."""
-    return llama if sc.engine == "llama" else engines
+    /metrics read in the same shape."""
+    return llama.fetch_stats if sc.engine == "llama" else engines.fetch_stats
 
 
 def model_of(sc: Scenario) -> str:
@@ -157,11 +157,9 @@ async def start_setup(fleet: Fleet, sc: Scenario, s: Setup, sims: list[str], kv:
         return Started([p.url], [p], ours=False)
     out, extra = Started([], []), []
     if s.store == "redis":
-        url = sc.redis_url
-        if not url:
-            out.redis_port = free_port()
-            url = await fleet.start_redis(f"{s.name}-redis", out.redis_port)
-            out.redis = fleet.procs[-1]
+        out.redis_port = free_port()
+        url = await fleet.start_redis(f"{s.name}-redis", out.redis_port)
+        out.redis = fleet.procs[-1]
         extra += ["--store", "redis", "--redis-url", url, "--model-key", "bench/model"]
     settings = json.loads(json.dumps(dict(s.settings)))
     if settings.get("index") == "events":  # where each simulator publishes (the same host)
@@ -231,8 +229,8 @@ async def drive(sc: Scenario, run: Run, wl: Workload, sims: list[str],
         if cuts[-1][0] + cuts[-1][1] > len(wl.sessions):
             raise ValueError(f"{wl.name}: {len(wl.sessions)} sessions, the staircase needs more")
     seconds = sc.requests / run.rates[0] * 3 + 30 if sc.requests else sc.seconds
-    eng = engine_api(sc)
-    snaps = [await eng.snapshot(sims)]
+    stats = engine_stats(sc)
+    snaps = [await engines.snapshot(sims, stats)]
     tasks = []
     for k, (rate, (first, count)) in enumerate(zip(run.rates, cuts, strict=True)):
         part = dataclasses.replace(wl, sessions=wl.sessions[first:first + count])
@@ -243,9 +241,9 @@ async def drive(sc: Scenario, run: Run, wl: Workload, sims: list[str],
             session_id_offset=first, api=sc.api, shape=sc.shape)))  # type: ignore[arg-type]
         if n > 1:
             await asyncio.sleep(max(0.0, snaps[0]["t"] + (k + 1) * seconds - time.perf_counter()))
-            snaps.append(await eng.snapshot(sims))
+            snaps.append(await engines.snapshot(sims, stats))
     logs = await asyncio.gather(*tasks)
-    final = await eng.snapshot(sims)
+    final = await engines.snapshot(sims, stats)
     return [(log, snaps[k], snaps[k + 1] if k < n - 1 else final,
              snaps[k + 1] if n > 1 else final, {}) for k, log in enumerate(logs)]
 
@@ -294,8 +292,7 @@ async def measure(sc: Scenario, fleet: Fleet, sims: list[str], run: Run, *, wl: 
     try:
         started = await start_setup(fleet, sc, run.setup, sims, round(kv * sc.capacity_factor),
                                     log_dir, backends_file)
-        eng = engine_api(sc)
-        clean = await eng.settle(sims)
+        clean = await engines.settle(sims, engine_stats(sc))
         routers = started.routers if started.ours else []
         urls = [p.url for p in routers]
         redis_url = f"redis://127.0.0.1:{started.redis_port}/0" if started.redis else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -102,23 +102,6 @@ def speaks_tokens(s: Setup) -> bool:
     return s.settings.get("tokenizer") == TOKENIZER
 
 
-def indexed(setups: Iterable[str | Setup], modes: Iterable[str]) -> tuple[Setup, ...]:
-    """`setups` in the index `modes` (`--index`): each of our prefix setups without an index
-    becomes one setup per mode (`prefix` -> `prefix-events`, others `<name>,index=<mode>`);
-    one that names its index stays if it is among the modes; other policies stay as they are."""
-    out: list[Setup] = []
-    modes = tuple(modes)
-    for s in map(setup, setups):
-        if s.router != "prefix":
-            out.append(s)
-        elif "index" in s.settings:
-            out += [s] if s.settings["index"] in modes else []
-        else:
-            out += [replace(s, name=f"prefix-{m}" if s.name == "prefix" else f"{s.name},index={m}",
-                            settings={**s.settings, **index_settings(m)}) for m in modes]
-    return tuple({s.name: s for s in out}.values())
-
-
 @dataclass(frozen=True)
 class Rule:
     """An acceptance rule on every point it selects (`where`: field -> value or tuple of values):
@@ -169,7 +152,6 @@ class Scenario:
     api: str = "chat"  # "completions": the rendered prompt to /v1/completions
     clients: tuple[str, ...] = ("loadgen",)  # "inference-perf": the same requests, its client
     requests: int | None = None  # a fixed count of sessions instead of rate x seconds
-    redis_url: str | None = None  # an existing Redis for setups with store "redis"
     tag: str = ""  # tells runs of the same points apart (files and tables)
     sample_s: float = 0.0  # timeline: the engines' counters every sample_s
     first_replicas: int | None = None  # timeline: routers start on these, find the rest...

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -29,7 +30,11 @@ COUNTERS = (
 )
 
 
+Stats = Callable[[list[str]], Awaitable[list[dict[str, Any]]]]
+
+
 async def fetch_stats(urls: list[str]) -> list[dict[str, Any]]:
+    """Each simulator's /stats (llama.fetch_stats gives llama-servers' in the same shape)."""
     async with aiohttp.ClientSession() as s:
         return list(await asyncio.gather(*(_json(s, u + "/stats") for u in urls)))
 
@@ -39,9 +44,9 @@ async def _json(s: aiohttp.ClientSession, url: str) -> Any:
         return await r.json()
 
 
-async def snapshot(urls: list[str]) -> dict[str, Any]:
-    """The simulators' counters at one instant (their TTFT samples and timings since reset)."""
-    return {"t": time.perf_counter(), "stats": await fetch_stats(urls)}
+async def snapshot(urls: list[str], stats: Stats = fetch_stats) -> dict[str, Any]:
+    """The engines' counters at one instant (their TTFT samples and timings since reset)."""
+    return {"t": time.perf_counter(), "stats": await stats(urls)}
 
 
 async def reset(urls: list[str]) -> None:
@@ -49,16 +54,18 @@ async def reset(urls: list[str]) -> None:
         await asyncio.gather(*(s.post(u + "/reset") for u in urls))
 
 
-async def settle(urls: list[str], timeout: float = 60.0) -> bool:
-    """Until no simulator runs or queues a request; then reset them (caches and counters).
-    True when every cache was emptied (a simulator busy at reset keeps its cache)."""
+async def settle(urls: list[str], stats: Stats = fetch_stats, timeout: float = 60.0) -> bool:
+    """Until no engine runs or queues a request; then the simulators are reset (caches and
+    counters; llama-servers have no reset: they are started fresh for each run). True when
+    every cache is empty and every counter at zero (an engine busy at reset keeps its cache)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not any(s["running"] or s["waiting"] for s in await fetch_stats(urls)):
+        if not any(s["running"] or s["waiting"] for s in await stats(urls)):
             break
         await asyncio.sleep(0.2)
-    await reset(urls)
-    return all(s["cached_blocks"] == 0 and s["requests"] == 0 for s in await fetch_stats(urls))
+    if stats is fetch_stats:
+        await reset(urls)
+    return all(s.get("cached_blocks", 0) == 0 and s["requests"] == 0 for s in await stats(urls))
 
 
 async def router_figures(urls: list[str]) -> dict[str, Any]:

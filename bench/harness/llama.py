@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -103,24 +102,6 @@ async def fetch_stats(urls: list[str]) -> list[dict[str, Any]]:
                 r.raise_for_status()
                 return stats_of(parse_metrics(await r.text()))
         return list(await asyncio.gather(*(one(u) for u in urls)))
-
-
-async def snapshot(urls: list[str]) -> dict[str, Any]:
-    """The servers' counters at one instant (engines.snapshot's shape)."""
-    return {"t": time.perf_counter(), "stats": await fetch_stats(urls)}
-
-
-async def settle(urls: list[str], timeout: float = 60.0) -> bool:
-    """Until no server runs or defers a request. True when every server's counters are still
-    at zero: the servers are fresh (started for this run), so their caches are empty. There
-    is no reset: a llama-server's host prompt cache is emptied only by a restart."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        stats = await fetch_stats(urls)
-        if not any(s["running"] or s["waiting"] for s in stats):
-            break
-        await asyncio.sleep(0.2)
-    return all(s["prompt_tokens"] == 0 and s["generation_tokens"] == 0 for s in stats)
 
 
 def step_figures(log: RunLog, before: Mapping[str, Any], after: Mapping[str, Any],

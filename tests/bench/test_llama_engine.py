@@ -7,7 +7,7 @@ from __future__ import annotations
 from bench.harness import llama
 from bench.harness.loadgen import RunLog
 from bench.harness.workloads import build
-from bench.runner import engine_api, model_of, plan
+from bench.runner import engine_stats, model_of, plan
 from bench.scenarios import LLAMA_KV_TOKENS, LLAMA_SERVERS, SCENARIOS, setup
 
 METRICS = """# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed, excluding cached
@@ -70,7 +70,7 @@ def test_the_real_engine_scenario_sits_between_one_server_and_the_fleet() -> Non
     # every setup once a round, the same requests each
     runs = plan(sc)
     assert len(runs) == sc.repeats * len(sc.rates or ()) * len(sc.setups)
-    assert engine_api(sc) is llama and model_of(sc) == llama.MODEL
+    assert engine_stats(sc) is llama.fetch_stats and model_of(sc) == llama.MODEL
 
 
 def test_a_setup_can_run_its_routers_with_their_own_environment() -> None:
