@@ -77,24 +77,24 @@ class Sample:
     errors: int = 0
     first_errors: list[str] = field(default_factory=list)
 
-    def fail(self, reason: str) -> None:
-        self.errors += 1
-        self.first_errors = sorted({*self.first_errors, reason})[:3]
-
-
-async def _post(s: aiohttp.ClientSession, url: str, body: bytes, out: Sample,
-                path: str = SMALL.path) -> bool:
-    try:
-        async with s.post(url + path, data=body,
-                          headers={"Content-Type": "application/json"}) as r:
-            text = await r.read()
-            if r.status != 200:
-                out.fail(f"HTTP {r.status}: {text[:200].decode(errors='replace')}")
-                return False
-    except (aiohttp.ClientError, TimeoutError) as e:
-        out.fail(f"{type(e).__name__}: {e}"[:200])
-        return False
-    return True
+    async def post(self, s: aiohttp.ClientSession, url: str, body: bytes,
+                   path: str = SMALL.path) -> bool:
+        """One request; its latency kept if it was answered 200, else its failure counted."""
+        t0, why = time.perf_counter(), ""
+        try:
+            async with s.post(url + path, data=body,
+                              headers={"Content-Type": "application/json"}) as r:
+                text = await r.read()
+                if r.status != 200:
+                    why = f"HTTP {r.status}: {text[:200].decode(errors='replace')}"
+        except (aiohttp.ClientError, TimeoutError) as e:
+            why = f"{type(e).__name__}: {e}"[:200]
+        if why:
+            self.errors += 1
+            self.first_errors = sorted({*self.first_errors, why})[:3]
+        else:
+            self.latencies.append(time.perf_counter() - t0)
+        return not why
 
 
 def _session() -> aiohttp.ClientSession:
@@ -105,22 +105,14 @@ async def open_loop(url: str, rate: float, seconds: float, seed: int = 1,
                     req: Request = SMALL) -> Sample:
     """Poisson arrivals at `rate` for `seconds`; one `seed` sends the same bodies at the same
     offsets whatever `url` is."""
-    rng = random.Random(seed)
-    out = Sample()
+    rng, out, tasks = random.Random(seed), Sample(), []
     async with _session() as s:
-
-        async def one(body: bytes) -> None:
-            t0 = time.perf_counter()
-            if await _post(s, url, body, out, req.path):
-                out.latencies.append(time.perf_counter() - t0)
-
-        tasks = []
         start = t = time.perf_counter()
         while t - start < seconds:
             t += rng.expovariate(rate)
             if (d := t - time.perf_counter()) > 0:
                 await asyncio.sleep(d)
-            tasks.append(asyncio.create_task(one(req.body(rng))))
+            tasks.append(asyncio.create_task(out.post(s, url, req.body(rng), req.path)))
         await asyncio.gather(*tasks)
     return out
 
@@ -129,23 +121,20 @@ async def closed_loop(url: str, concurrency: int, seconds: float,
                       req: Request = SMALL) -> tuple[float, Sample]:
     """(requests/s answered 200, the failures): `concurrency` clients, each sending its next
     request when its last is answered; client k's bodies come from seed k."""
-    done = 0
     out = Sample()
     stop = time.perf_counter() + seconds
     async with _session() as s:
 
         async def worker(k: int) -> None:
-            nonlocal done
             rng = random.Random(k)
             while time.perf_counter() < stop:
-                if await _post(s, url, req.body(rng), out, req.path):
-                    done += 1
-                else:  # a router refusing at once would have this loop spin on the CPU it needs
+                if not await out.post(s, url, req.body(rng), req.path):
+                    # a router refusing at once would have this loop spin on the CPU it needs
                     await asyncio.sleep(0.01)
 
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(k) for k in range(concurrency)))
-        return done / (time.perf_counter() - t0), out
+        return len(out.latencies) / (time.perf_counter() - t0), out
 
 
 async def added(sim: str, router: str, rate: float, seconds: float,
@@ -175,24 +164,20 @@ async def added(sim: str, router: str, rate: float, seconds: float,
 async def fill_table(router: str, entries: int, clients: int = 16) -> int:
     """Send unique 2,048-token prompts through `router` until its table holds `entries`
     (block, backend) entries, as its own /metrics counts them. Returns that count."""
-    rng = random.Random(7)
-    out = Sample()
-    sem = asyncio.Semaphore(clients)
+    rng, out, gate = random.Random(7), Sample(), asyncio.Semaphore(clients)
 
-    def body() -> bytes:  # random hex: no two prompts share a block, every block is new
+    async def one(s: aiohttp.ClientSession) -> None:
+        # random hex: no two prompts share a block, every block is new
         prompt = rng.randbytes(RSS_PROMPT_BLOCKS * 16 * 2).hex()
-        return json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 1}).encode()
+        async with gate:
+            await out.post(s, router, json.dumps(
+                {"model": MODEL, "prompt": prompt, "max_tokens": 1}).encode())
 
     async with _session() as s:
-
-        async def one(b: bytes) -> None:
-            async with sem:
-                await _post(s, router, b, out)
-
         have = await engines.table_entries(s, router)
         while have < entries:
             need = min((entries - have) // RSS_PROMPT_BLOCKS + 1, 2_000)
-            await asyncio.gather(*(one(body()) for _ in range(need)))
+            await asyncio.gather(*(one(s) for _ in range(need)))
             last, have = have, await engines.table_entries(s, router)
             if out.errors or have <= last:
                 raise RuntimeError(f"the table did not fill: {out.first_errors}, {have} entries")

@@ -181,41 +181,50 @@ async def start_setup(fleet: Fleet, sc: Scenario, s: Setup, sims: list[str], kv:
     return out
 
 
-async def timeline(sc: Scenario, fleet: Fleet, sims: list[str], started: Started,
-                   backends_file: Path | None, series: list[dict[str, Any]]) -> None:
-    """Every sample_s, the engines' counters over the window (hit rate, the share of the
-    replicas that joined); meanwhile the scenario's events: the join, Redis down and back."""
+async def events(sc: Scenario, fleet: Fleet, sims: list[str], started: Started,
+                 backends_file: Path | None, restarted: dict[str, Any]) -> None:
+    """The scenario's events, each at its fraction of the run: the replicas that join (the
+    routers' backends file gains them), Redis killed and back empty, a simulator killed and
+    started again on its ports (a crashed pod back with an empty cache, its event sequence
+    from 0; `restarted` gets its counters from before, as the new process counts from 0)."""
     t0 = time.perf_counter()
-    events: list[tuple[float, str, Any]] = []
+
+    async def restart() -> None:
+        k = sc.restart[0]  # type: ignore[index]
+        [restarted["before"]] = await engines.fetch_stats([sims[k]])
+        t = time.perf_counter()
+        await fleet.restart(next(p for p in fleet.procs if p.url == sims[k]))
+        restarted["down_s"] = round(time.perf_counter() - t, 2)
+
+    todo: list[tuple[float, str, Any]] = []
     if sc.join_at is not None and backends_file is not None:
-        events.append((sc.join_at, "replicas joined",
-                       lambda: backends_file.write_text("\n".join(sims) + "\n")))
+        todo.append((sc.join_at, "replicas joined",
+                     lambda: backends_file.write_text("\n".join(sims) + "\n")))
     if sc.redis_down and (redis := started.redis):
-        events.append((sc.redis_down[0], "redis killed", lambda: fleet.stop(redis, "kill")))
-        events.append((sc.redis_down[1], "redis back, empty",
-                       lambda: fleet.start_redis("redis-restarted", started.redis_port)))
+        todo.append((sc.redis_down[0], "redis killed", lambda: fleet.stop(redis, "kill")))
+        todo.append((sc.redis_down[1], "redis back, empty",
+                     lambda: fleet.start_redis("redis-restarted", started.redis_port)))
+    if sc.restart:
+        todo.append((sc.restart[1], f"sim{sc.restart[0]} restarted", restart))
+    for at, what, do in sorted(todo, key=lambda e: e[0]):
+        await asyncio.sleep(max(0.0, t0 + at * sc.seconds - time.perf_counter()))
+        if asyncio.iscoroutine(result := do()):
+            await result
+        print(f"    t={at * sc.seconds:.0f}s: {what}", flush=True)
 
-    async def act() -> None:
-        for at, what, do in events:
-            await asyncio.sleep(max(0.0, t0 + at * sc.seconds - time.perf_counter()))
-            if asyncio.iscoroutine(result := do()):
-                await result
-            print(f"    t={at * sc.seconds:.0f}s: {what}", flush=True)
 
-    task, k = asyncio.create_task(act()), sc.first_replicas or len(sims)
+async def timeline(sc: Scenario, sims: list[str], series: list[dict[str, Any]]) -> None:
+    """Every sample_s, the engines' counters over the window: the hit rate, the share of the
+    requests the replicas that joined served."""
+    t0, k = time.perf_counter(), sc.first_replicas or len(sims)
     last = await engines.snapshot(sims)
-    try:
-        while True:
-            await asyncio.sleep(sc.sample_s)
-            now = await engines.snapshot(sims)
-            f = figures.step_figures(RunLog(), last, now)
-            served, last = f["per_replica_requests"], now
-            series.append({"t": round(now["t"] - t0, 1), "hit_rate": f["engine_hit_rate"],
-                           "new_share": ratio(sum(served[k:]), sum(served)) or 0.0})
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    while True:
+        await asyncio.sleep(sc.sample_s)
+        now = await engines.snapshot(sims)
+        f = figures.step_figures(RunLog(), last, now)
+        served, last = f["per_replica_requests"], now
+        series.append({"t": round(now["t"] - t0, 1), "hit_rate": f["engine_hit_rate"],
+                       "new_share": ratio(sum(served[k:]), sum(served)) or 0.0})
 
 
 async def drive(sc: Scenario, run: Run, wl: Workload, sims: list[str],
@@ -263,23 +272,6 @@ async def third_party(run: Run, wl: Workload, sims: list[str], url: str,
     return [(RunLog(), before, after, after, client)]
 
 
-async def restart_one(sc: Scenario, fleet: Fleet, sims: list[str], t0: float,
-                      out: dict[str, Any]) -> None:
-    """Simulator k killed and started again on its ports at the scenario's fraction of the
-    run (a crashed pod back with an empty cache; its event sequence from 0). `out` gets its
-    counters from before (the new process counts from 0) and when it was back."""
-    assert sc.restart is not None
-    k, at = sc.restart
-    await asyncio.sleep(max(0.0, t0 + at * sc.seconds - time.perf_counter()))
-    [out["before"]] = await engines.fetch_stats([sims[k]])
-    p = next(p for p in fleet.procs if p.url == sims[k])
-    t = time.perf_counter()
-    await fleet.restart(p)
-    out["down_s"] = round(time.perf_counter() - t, 2)
-    print(f"    t={at * sc.seconds:.0f}s: {p.name} restarted (down {out['down_s']} s)",
-          flush=True)
-
-
 async def measure(sc: Scenario, fleet: Fleet, sims: list[str], run: Run, *, wl: Workload,
                   kv: int, log_dir: Path) -> list[dict[str, Any]]:
     """One run: start the setup, drain and reset the fleet, drive the load, read the figures
@@ -298,30 +290,26 @@ async def measure(sc: Scenario, fleet: Fleet, sims: list[str], run: Run, *, wl: 
         redis_url = f"redis://127.0.0.1:{started.redis_port}/0" if started.redis else None
         r0, calls0 = await engines.router_figures(urls), await engines.redis_calls(redis_url)
         cpu0 = sum(cpu_seconds(p.process.pid) for p in routers)
-        side = asyncio.create_task(timeline(sc, fleet, sims, started, backends_file, series)) \
-            if sc.sample_s else None
         load = os.getloadavg()[0]
         restarted: dict[str, Any] = {}
-        restart = asyncio.create_task(restart_one(
-            sc, fleet, sims, time.perf_counter(), restarted)) if sc.restart else None
+        happen = asyncio.create_task(events(sc, fleet, sims, started, backends_file, restarted))
+        sample = asyncio.create_task(timeline(sc, sims, series)) if sc.sample_s else None
         try:
             steps = await (third_party(run, wl, sims, started.targets[0], log_dir)
                            if run.client == "inference-perf" else
                            drive(sc, run, wl, sims, started.targets))
-        except BaseException:
-            if restart:
-                restart.cancel()
-            raise
-        if restart:
-            await restart  # done long before the drain ends; an error in it is the run's
+            await happen  # done long before the drain ends; an error in it is the run's
+        finally:
+            for t in (happen, sample):
+                if t is not None and not t.done():
+                    t.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await t
+        if restarted:
             k = sc.restart[0]  # type: ignore[index]
             steps = [(log, before, figures.carried(after, k, restarted["before"]),
                       figures.carried(end, k, restarted["before"]), client)
                      for log, before, after, end, client in steps]
-        if side:
-            side.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await side
         cpu = sum(cpu_seconds(p.process.pid) for p in routers) - cpu0
         r1, calls = await engines.router_figures(urls), await engines.redis_calls(redis_url)
     finally:
