@@ -23,17 +23,10 @@ parser), response.py (the answer as the proxy reads it), errors.py.
 """
 
 from .client import UpstreamClient
-from .errors import (
-    MAX_HEADER_BYTES,
-    UpstreamConnectError,
-    UpstreamConnectTimeout,
-    UpstreamError,
-    UpstreamTimeout,
-)
+from .errors import UpstreamConnectError, UpstreamConnectTimeout, UpstreamError, UpstreamTimeout
 from .response import UpstreamResponse
 
 __all__ = [
-    "MAX_HEADER_BYTES",
     "UpstreamClient",
     "UpstreamConnectError",
     "UpstreamConnectTimeout",

@@ -27,11 +27,8 @@ class Pool:
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"not an http(s) URL: {base_url!r}")
         self.name = base_url
+        self.client = client  # its timeouts and limits
         self.loop = client.loop
-        self.connect_timeout = client.connect_timeout
-        self.read_timeout = client.read_timeout
-        self.idle_timeout = client.idle_timeout
-        self.max_idle = client.max_idle
         self.host = u.hostname
         self.port = u.port or (443 if u.scheme == "https" else 80)
         self.ssl: ssl.SSLContext | None = (
@@ -52,7 +49,7 @@ class Pool:
         return None
 
     def put(self, conn: Connection) -> None:
-        if self.closing or len(self.idle) >= self.max_idle:
+        if self.closing or len(self.idle) >= self.client.max_idle:
             conn.close()
             return
         conn.idle_since = self.loop.time()
@@ -62,14 +59,15 @@ class Pool:
         self.conns.discard(conn)  # the idle list drops it on take() or sweep()
 
     async def connect(self) -> Connection:
+        limit = self.client.connect_timeout
         try:
-            async with asyncio.timeout(self.connect_timeout):
+            async with asyncio.timeout(limit):
                 _, conn = await self.loop.create_connection(
                     lambda: Connection(self), self.host, self.port, ssl=self.ssl
                 )
         except TimeoutError:
             raise UpstreamConnectTimeout(
-                f"no connection to {self.name} within {self.connect_timeout:g}s"
+                f"no connection to {self.name} within {limit:g}s"
             ) from None
         except OSError as exc:
             raise UpstreamConnectError(f"cannot connect to {self.name}: {exc}") from exc
@@ -81,7 +79,7 @@ class Pool:
         for conn in self.idle:
             if conn.closed:
                 continue
-            if now - conn.idle_since >= self.idle_timeout:
+            if now - conn.idle_since >= self.client.idle_timeout:
                 conn.close()
             else:
                 keep.append(conn)

@@ -40,7 +40,7 @@ class Connection(asyncio.Protocol):
         resp = self.resp = UpstreamResponse(self)
         self.got_bytes = False
         self.last_data = self.loop.time()
-        self.timer = self.loop.call_at(self.last_data + self.pool.read_timeout, self._check)
+        self.timer = self.loop.call_at(self.last_data + self.pool.client.read_timeout, self._check)
         transport.write(data)
         try:
             while not resp.status:
@@ -85,7 +85,7 @@ class Connection(asyncio.Protocol):
         if self.resp is None:
             return
         now = self.loop.time()
-        limit = self.pool.read_timeout
+        limit = self.pool.client.read_timeout
         due = now + limit if self.paused else self.last_data + limit
         if due > now:
             self.timer = self.loop.call_at(due, self._check)

@@ -1,11 +1,4 @@
-"""What can go wrong on the way to an engine, sorted by what the proxy may do next:
-  UpstreamConnectError    the request never reached the engine, or the connection closed
-                          before any byte of an answer: another engine may serve it
-  UpstreamConnectTimeout  no connection within the connect timeout (the same)
-  UpstreamTimeout         sent, and no byte for the read timeout: the engine may still be
-                          working on it, so it is not sent again
-  UpstreamError           the answer was cut short or malformed
-"""
+"""What can go wrong on the way to an engine, sorted by what the proxy may do next."""
 
 # An engine's response header longer than this is refused as malformed (the router passes on
 # only a few short headers; 8 KiB is also aiohttp's server default).
@@ -17,11 +10,13 @@ class UpstreamError(Exception):
 
 
 class UpstreamConnectError(UpstreamError):
-    """No connection to the engine, or it closed before any byte of the answer."""
+    """The request never reached the engine, or the connection closed before any byte of the
+    answer: another engine may serve it."""
 
 
 class UpstreamTimeout(TimeoutError):
-    """No byte from the engine within the read timeout."""
+    """Sent, and no byte for the read timeout: the engine may still be working on it, so it is
+    not sent again."""
 
 
 class UpstreamConnectTimeout(UpstreamTimeout):

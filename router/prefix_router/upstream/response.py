@@ -67,14 +67,9 @@ class UpstreamResponse:
         while not self._done:
             if self._error is not None:
                 raise self._error
-            conn = self._conn
-            if conn is not None and conn.paused:
-                conn.resume()
+            self._resume()
             await self._wait()
-        body = b"".join(self._chunks)
-        self._chunks = []
-        self._size = 0
-        return body
+        return self._take()
 
     async def readany(self) -> bytes:
         """The body bytes that arrived since the last call (waiting for some); b"" at the end."""
@@ -84,14 +79,20 @@ class UpstreamResponse:
             if self._done:
                 return b""
             await self._wait()
+        return self._take()
+
+    def _take(self) -> bytes:
         chunks = self._chunks
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         self._chunks = []
         self._size = 0
+        self._resume()
+        return data
+
+    def _resume(self) -> None:
         conn = self._conn
         if conn is not None and conn.paused:
             conn.resume()
-        return data
 
     async def chunks(self) -> AsyncIterator[bytes]:
         while data := await self.readany():
@@ -104,8 +105,6 @@ class UpstreamResponse:
             conn.abandon()
         if not self._done and self._error is None:
             self._error = UpstreamError("the response was closed before its end")
-
-    release = close
 
     async def __aenter__(self) -> UpstreamResponse:
         return self
