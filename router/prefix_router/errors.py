@@ -68,8 +68,9 @@ def error_body(
     ).encode()
 
 
-def error_response(err: RequestError) -> web.Response:
-    headers = {"Retry-After": str(err.retry_after)} if err.retry_after is not None else None
+def error_response(err: RequestError, headers: dict[str, str] | None = None) -> web.Response:
+    if err.retry_after is not None:
+        headers = {**(headers or {}), "Retry-After": str(err.retry_after)}
     resp = web.Response(
         status=err.status,
         body=error_body(err.status, err.message, err.param, err.code),
@@ -79,13 +80,6 @@ def error_response(err: RequestError) -> web.Response:
     if err.close:
         resp.force_close()  # says `Connection: close`, so the client does not reuse it
     return resp
-
-
-def _json_error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(
-        status=status, body=error_body(status, message), content_type="application/json",
-        headers=headers,
-    )
 
 
 @web.middleware
@@ -106,12 +100,12 @@ async def errors_as_json(
             allowed = exc.headers.get("Allow", "")
             message = f"{request.method} is not allowed on {request.path} (allowed: {allowed})"
         allow = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
-        return _json_error(exc.status, message, allow)
+        return error_response(RequestError(exc.status, message), allow)
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except Exception:
         log.exception("unexpected error on %s %s", request.method, request.path)
-        return _json_error(500, "internal router error")
+        return error_response(RequestError(500, "internal router error"))
 
 
 async def expect_continue(request: web.Request) -> web.StreamResponse | None:
@@ -128,7 +122,7 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
         if request.version >= aiohttp.HttpVersion11:
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         return None
-    return _json_error(417, f"unknown expectation: {expect[:100]!r}")
+    return error_response(RequestError(417, f"unknown expectation: {expect[:100]!r}"))
 
 
 async def server_header(request: web.Request, response: web.StreamResponse) -> None:
