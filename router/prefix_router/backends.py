@@ -20,10 +20,6 @@ class Backend:
     max_model_len: int | None = None  # as its /v1/models says (vLLM's model cards do)
     request_failures: int = 0  # in a row; a successful probe does not reset them
 
-    @property
-    def name(self) -> str:
-        return self.url
-
 
 class BackendSet:
     """Which backends exist and which may take traffic.
