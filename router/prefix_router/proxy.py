@@ -39,22 +39,10 @@ log = logging.getLogger("prefix_router.proxy")
 
 # Request headers not passed on: hop-by-hop ones, and those the upstream client sets (Host,
 # Content-Length; aiohttp has already decoded a body sent with a Content-Encoding).
-_DROP_REQUEST = frozenset(
-    (
-        "host",
-        "content-length",
-        "content-encoding",
-        "connection",
-        "keep-alive",
-        "transfer-encoding",
-        "te",
-        "trailer",
-        "upgrade",
-        "proxy-authorization",
-        "proxy-connection",
-        "accept-encoding",
-    )
-)
+_DROP_REQUEST = frozenset((
+    "host", "content-length", "content-encoding", "connection", "keep-alive", "transfer-encoding",
+    "te", "trailer", "upgrade", "proxy-authorization", "proxy-connection", "accept-encoding",
+))  # fmt: skip
 _PASS_RESPONSE = ("content-type", "x-request-id", "openai-processing-ms")
 _MAX_SNIFF = 4 * 1024 * 1024
 _RETRY_STATUS = frozenset((502, 503))
