@@ -45,10 +45,9 @@ class LoadTracker:
         )
         self._external[backend] = extra if extra > 0 else 0.0
 
-    def set_remote(self, counts: dict[str, float], pending: dict[str, float] | None = None) -> None:
-        self._remote = counts
-        if pending is not None:
-            self._remote_pending = pending
+    def set_remote(self, in_flight: dict[str, float], pending: dict[str, float]) -> None:
+        self._remote = in_flight
+        self._remote_pending = pending
 
     def own_counts(self) -> dict[str, int]:
         return {b: n for b, n in self._inflight.items() if n}

@@ -98,11 +98,8 @@ class SharedStore(Store):
         self.timer_round_trips += 1
 
     async def start(self) -> None:
-        await self.link.start()
-        self.run_jobs()
-
-    def run_jobs(self) -> None:
         """Each job on its timer (tests call the jobs themselves instead)."""
+        await self.link.start()
         st = self.settings.store
         self._tasks = [
             self._every("redis-flush", st.flush_period_ms / 1000.0, self.writes.tick),

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..contract import StoreKeys
+from ..index.holding import FULL
 from ..index.learning import EngineCache
 from .link import RedisLink
 from .writeback import WriteBack
@@ -35,14 +36,13 @@ class Capacity:
 
     def tail_age(self, model: str, backend: str) -> float:
         held = self._held.get(model, {}).get(backend)
-        # "full" a little early, as the local table counts it: a request adds its own blocks
-        if not held or held[1] < 0 or held[0] < self._writes.capacity_of(backend) * 0.95:
+        if not held or held[1] < 0 or held[0] < self._writes.capacity_of(backend) * FULL:
             return float("inf")
         return max(self._wall() - held[1], 0.0)
 
     def learn(self, model: str, backend: str, age: float, predicted: int, held: int) -> bool:
         engine = self.engines.setdefault(backend, EngineCache())
-        full = self.occupancy(model, backend) >= 0.95
+        full = self.occupancy(model, backend) >= FULL
         if not engine.observe(age, predicted, held, full):
             return False
         self._writes.capacity[backend] = int(self._writes.capacity_blocks * engine.scale)

@@ -188,10 +188,10 @@ class SharedIndex:
         if shared:
             # what the shared table knows of this chain goes into the local one too, so a
             # slow lookup routes on nearly the shared picture, not on this router's share
-            local = self._local.match(key[0], hashes)
+            local = self._local.match(model, hashes)
             for b, d in shared.items():
                 if local.get(b, 0) < d:
-                    self._local.record(key[0], hashes[:d], b)
+                    self._local.record(model, hashes[:d], b)
         if len(self._near) > MAX_NEAR:
             self._near.clear()
         self._near[key] = (at, shared)

@@ -50,11 +50,9 @@ class RedisLink:
     def pipeline(self) -> aioredis.client.Pipeline:
         return self.redis.pipeline(transaction=False)
 
-    def sha(self, script: str) -> str:
-        """The loaded script's id; KeyError when the scripts are not loaded."""
-        return self._sha[script]
-
     def evalsha(self, pipe: Any, script: str, *args: object) -> Any:
+        """Queue (or, on the client, send) a script call; KeyError when the scripts are not
+        loaded."""
         return pipe.evalsha(self._sha[script], 0, *args)
 
     async def load_scripts(self) -> None:
