@@ -61,6 +61,7 @@ class HealthLoop:
         self._store = store
         self._metrics = metrics
         self._session = session
+        self._timeout = aiohttp.ClientTimeout(total=settings.probe_timeout_s)
         self._tasks: list[asyncio.Task[None]] = []
         self._blind: set[str] = set()  # backends whose /metrics give no load: said once
 
@@ -84,22 +85,21 @@ class HealthLoop:
             self._metrics.healthy.labels(b.url).set(1 if b.healthy else 0)
 
     async def _probe(self, url: str) -> None:
-        timeout = aiohttp.ClientTimeout(total=self._s.probe_timeout_s)
         try:
-            async with self._session.get(url + self._s.path, timeout=timeout) as r:
+            async with self._session.get(url + self._s.path, timeout=self._timeout) as r:
                 await r.read()
                 ok = r.status == 200
                 why = f"status {r.status}"
             b = self._backends.get(url)
             if ok and b is not None and not b.models:
-                await self._fetch_models(url, timeout)
+                await self._fetch_models(url)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             ok, why = False, repr(exc)
         self._backends.probe_result(url, ok, why)
 
-    async def _fetch_models(self, url: str, limit: aiohttp.ClientTimeout) -> None:
+    async def _fetch_models(self, url: str) -> None:
         try:
-            async with self._session.get(url + "/v1/models", timeout=limit) as r:
+            async with self._session.get(url + "/v1/models", timeout=self._timeout) as r:
                 if r.status != 200:
                     return
                 data = await r.json(content_type=None)
@@ -117,11 +117,10 @@ class HealthLoop:
             await asyncio.sleep(self._s.probe_interval_s)
 
     async def _scrape(self, url: str) -> None:
-        timeout = aiohttp.ClientTimeout(total=self._s.probe_timeout_s)
         depth = None
         why = ""
         try:
-            async with self._session.get(url + "/metrics", timeout=timeout) as r:
+            async with self._session.get(url + "/metrics", timeout=self._timeout) as r:
                 if r.status == 200:
                     depth = engine_queue_depth(await r.read())
                     why = "no running/waiting gauges there"
