@@ -6,8 +6,9 @@ the contract between the control plane and the data plane.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -17,7 +18,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 INDEX_ENTRY_BYTES = 200
 
 PolicyName = Literal["prefix", "round-robin", "random", "least-loaded", "chwbl"]
-POLICIES: tuple[str, ...] = ("prefix", "round-robin", "random", "least-loaded", "chwbl")
+POLICIES: tuple[str, ...] = get_args(PolicyName)
+
+
+def base_urls(entries: Iterable[str]) -> list[str]:
+    """Backend base URLs: blank entries skipped, no trailing slash, http:// assumed."""
+    urls = (e.strip().rstrip("/") for e in entries)
+    return [u if "://" in u else "http://" + u for u in urls if u]
 
 
 class _Strict(BaseModel):
@@ -41,15 +48,7 @@ class DiscoverySettings(_Strict):
     @field_validator("backends")
     @classmethod
     def _urls(cls, v: list[str]) -> list[str]:
-        out = []
-        for url in v:
-            url = url.strip().rstrip("/")
-            if not url:
-                continue
-            if "://" not in url:
-                url = "http://" + url
-            out.append(url)
-        return out
+        return base_urls(v)
 
     @model_validator(mode="after")
     def _kube_needs_service(self) -> DiscoverySettings:

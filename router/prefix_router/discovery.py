@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from .config import base_urls
+
 log = logging.getLogger("prefix_router.discovery")
 
 OnChange = Callable[[Sequence[str]], None]
@@ -34,13 +36,8 @@ class StaticDiscovery:
 
 
 def read_backends_file(text: str) -> list[str]:
-    """One base URL per line; blank lines and `#` comments skipped; http:// assumed."""
-    out = []
-    for line in text.splitlines():
-        url = line.split("#", 1)[0].strip().rstrip("/")
-        if url:
-            out.append(url if "://" in url else "http://" + url)
-    return out
+    """One base URL per line; `#` comments skipped."""
+    return base_urls(line.split("#", 1)[0] for line in text.splitlines())
 
 
 class FileDiscovery:
