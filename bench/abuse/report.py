@@ -156,113 +156,84 @@ def held(r: Mapping[str, Any], must_only: bool = False) -> bool:
     return all(ok for _b, _m, ok, must in bars(r) if must or not must_only)
 
 
-def _yes(ok: bool) -> str:
-    return "yes" if ok else "**no**"
+def table(headers: Sequence[str], rows: Iterable[Iterable[Any]]) -> list[str]:
+    return md_table(headers, [[str(c) for c in row] for row in rows])
 
 
 def render(rounds: Sequence[Mapping[str, Any]], stamp: Mapping[str, str]) -> str:
     lines = [
-        "# Abuse: hostile clients and sick engines against one router",
-        "",
+        "# Abuse: hostile clients and sick engines against one router", "",
         "Written by `python -m bench abuse` from the JSON beside it (one file per store); "
-        "what the failures are, and why, is in [FINDINGS.md](FINDINGS.md).",
-        "",
+        "what the failures are, and why, is in [FINDINGS.md](FINDINGS.md).", "",
         f"Command: `{stamp['command']}`  ",
         f"Machine: {stamp['machine']}, host `{stamp['host']}`; code: {stamp['version']}  ",
-    ]
-    for r in rounds:
-        lines.append(f"{r['store']} store: started {r['started']}; load before: "
-                     f"`{r['load_before']}`; after: `{r['load_after']}`  ")
-    r0 = rounds[0]
-    lines += [
-        "",
+        *(f"{r['store']} store: started {r['started']}; load before: `{r['load_before']}`; "
+          f"after: `{r['load_after']}`  " for r in rounds), "",
         "Each round starts 3 engine simulators (profile fast, max_model_len 32768), each behind "
         "the tap (bench/abuse/tap.py: records what reaches an engine, and hangs one on "
         "demand), and one `prefix-router` (a process of its own, log level debug) with its "
-        "defaults but for:",
-        "",
-        "```yaml",
-        *(f"{k}: {v}" for k, v in r0["settings"].items() if k not in ("discovery",)),
-        "```",
+        "defaults but for:", "", "```yaml",
+        *(f"{k}: {v}" for k, v in rounds[0]["settings"].items() if k != "discovery"), "```",
         "The attack: every case of bench/abuse/cases.py (slow clients and 800 silent "
         "connections all the while, in the background, beside one ordinary request every "
         "0.5 s), then the faults under ordinary load (8 req/s, half streamed), then the "
-        "figures. Every prompt holds the run's marker; the log is searched for it.",
-        "",
-        "## Verdicts",
-        "",
-        "The first four bars are the ones the command must show (`must`).",
-        "",
-    ]
-    names = [r["store"] for r in rounds]
-    all_bars = [bars(r) for r in rounds]
-    order: list[tuple[str, bool]] = []
-    for b in all_bars:
-        order += [(bar, must) for bar, _m, _ok, must in b if bar not in [o[0] for o in order]]
-    rows = []
-    for bar, must in order:
-        cells = []
-        for b in all_bars:
-            match = [x for x in b if x[0] == bar]
-            cells.append(f"{_yes(match[0][2])}: {match[0][1]}" if match else "-")
-        rows.append([("**must** " if must else "") + bar, *cells])
-    lines += md_table(["bar", *names], rows)
+        "figures. Every prompt holds the run's marker; the log is searched for it.", "",
+        "## Verdicts", "", "The first four bars are the ones the command must show (`must`).", ""]
+    verdicts = [{bar: (measured, ok, must) for bar, measured, ok, must in bars(r)}
+                for r in rounds]
+    order = list(dict.fromkeys(bar for v in verdicts for bar in v))  # first round's order first
+    lines += table(["bar", *(r["store"] for r in rounds)], [
+        [("**must** " if next(v[bar][2] for v in verdicts if bar in v) else "") + bar,
+         *(f"{'yes' if v[bar][1] else '**no**'}: {v[bar][0]}" if bar in v else "-"
+           for v in verdicts)] for bar in order])
     for r in rounds:
         lines += section(r)
     return "\n".join(lines) + "\n"
 
 
 def section(r: Mapping[str, Any]) -> list[str]:
-    out = ["", f"## {r['store']} store", "", "### Requests tried, by class", ""]
     classes = by_class(r["outcomes"])
-    out += md_table(["class", "cases", "tried", "statuses", "off", "5xx", "problems"], [
-        [c["cls"], str(c["cases"]), str(c["tried"]), statuses(c["statuses"]), str(c["unmet"]),
-         str(c["five_xx"]), str(c["problems"])] for c in classes])
-    out.append(f"\n{sum(c['tried'] for c in classes)} requests and connections in all. "
-               "`closed`: the router ended the connection without an answer; `left`: the "
-               "client left on purpose; `off`: answers the case does not allow.")
-    off = [c for c in by_case(r["outcomes"]) if c["unmet"] or c["problems"] or c["notes"]]
-    if off:
-        out += ["", "### Cases off, with problems or notes", ""]
-        out += md_table(["class", "case", "statuses", "off", "problems", "notes"], [
-            [c["cls"], c["case"], statuses(c["statuses"]), str(c["unmet"]),
-             statuses(c["problems"]), statuses(c["notes"])] for c in off])
-    out += ["", "### Faults under load", ""]
-    f = r["faults"]
-    out += md_table(["fault", "figures"], [[k, ", ".join(f"{a} {b}" for a, b in v.items())]
-                                           for k, v in f.items() if k != "load"])
-    out += [""]
-    out += md_table(["phase", "sent", "whole", "failed as the fault allows", "failed",
-                     "statuses"], [
-        [p, str(v["sent"]), str(v["whole"]), str(v["allowed_failures"]), str(v["failures"]),
-         statuses(v["statuses"])] for p, v in f.get("load", {}).items()])
-    out += ["", "### /healthz latency (its own connection, every 50 ms)", ""]
-    out += md_table(["phase", "answers", "failed", "p50 ms", "p99 ms", "max ms"], [
-        [p, str(v["n"]), str(v["failures"]), str(v["p50_ms"]), str(v["p99_ms"]),
-         str(v["max_ms"])] for p, v in r["healthz"].items()])
-    rt = r["router"]
-    out += ["", "### The router process", ""]
-    out += md_table(["", "RSS MB", "peak RSS MB", "open descriptors"], [
-        ["before the attack", str(rt["before"]["rss_mb"]), str(rt["before"]["peak_rss_mb"]),
-         str(rt["before"]["fds"])],
-        ["most during the run", str(rt["peak_rss_mb"]), "", str(rt["max_fds"])],
-        ["after (descriptors settled)", str(rt["after"].get("rss_mb")),
-         str(rt["after"].get("peak_rss_mb")), str(rt["after"].get("fds"))]])
-    out += ["", "Descriptors by kind: before " + ", ".join(
-        f"{k} {v}" for k, v in rt["before"].get("fd_kinds", {}).items()) + "; after "
-        + ", ".join(f"{k} {v}" for k, v in rt["after"].get("fd_kinds", {}).items()) + "."]
+    out = ["", f"## {r['store']} store", "", "### Requests tried, by class", "", *table(
+        ["class", "cases", "tried", "statuses", "off", "5xx", "problems"],
+        [[c["cls"], c["cases"], c["tried"], statuses(c["statuses"]), c["unmet"], c["five_xx"],
+          c["problems"]] for c in classes]),
+        f"\n{sum(c['tried'] for c in classes)} requests and connections in all. "
+        "`closed`: the router ended the connection without an answer; `left`: the "
+        "client left on purpose; `off`: answers the case does not allow."]
+    if off := [c for c in by_case(r["outcomes"]) if c["unmet"] or c["problems"] or c["notes"]]:
+        out += ["", "### Cases off, with problems or notes", "", *table(
+            ["class", "case", "statuses", "off", "problems", "notes"],
+            [[c["cls"], c["case"], statuses(c["statuses"]), c["unmet"], statuses(c["problems"]),
+              statuses(c["notes"])] for c in off])]
+    f, rt, log = r["faults"], r["router"], r["log"]
+    out += ["", "### Faults under load", "", *table(["fault", "figures"], [
+        [k, ", ".join(f"{a} {b}" for a, b in v.items())] for k, v in f.items() if k != "load"]),
+        "", *table(["phase", "sent", "whole", "failed as the fault allows", "failed",
+                    "statuses"], [[p, v["sent"], v["whole"], v["allowed_failures"],
+                                   v["failures"], statuses(v["statuses"])]
+                                  for p, v in f.get("load", {}).items()]),
+        "", "### /healthz latency (its own connection, every 50 ms)", "",
+        *table(["phase", "answers", "failed", "p50 ms", "p99 ms", "max ms"],
+               [[p, v["n"], v["failures"], v["p50_ms"], v["p99_ms"], v["max_ms"]]
+                for p, v in r["healthz"].items()]),
+        "", "### The router process", "",
+        *table(["", "RSS MB", "peak RSS MB", "open descriptors"], [
+            ["before the attack", rt["before"]["rss_mb"], rt["before"]["peak_rss_mb"],
+             rt["before"]["fds"]],
+            ["most during the run", rt["peak_rss_mb"], "", rt["max_fds"]],
+            ["after (descriptors settled)", rt["after"].get("rss_mb"),
+             rt["after"].get("peak_rss_mb"), rt["after"].get("fds")]]),
+        "", "Descriptors by kind: " + "; ".join(f"{when} " + ", ".join(
+            f"{k} {v}" for k, v in rt[when].get("fd_kinds", {}).items())
+            for when in ("before", "after")) + "."]
     if r.get("redis"):
         out += ["", "Redis: " + "; ".join(f"{k}: {v}" for k, v in r["redis"].items())]
-    log = r["log"]
     out += ["", "### The router's log", "",
             f"{log['lines']} lines ({', '.join(f'{k} {v}' for k, v in log['levels'].items())}); "
             f"tracebacks {log['tracebacks']}; ERROR lines {log['error_lines']}; markers: "
-            + ", ".join(f"{k} {v}" for k, v in log["markers"].items()), ""]
-    out += md_table(["lines", "kind (INFO and above; numbers and quoted values blanked)"],
-                    [[str(n), k.replace("|", "/")] for k, n in log["kinds"].items()])
-    for e in log["first_errors"]:
+            + ", ".join(f"{k} {v}" for k, v in log["markers"].items()), "",
+            *table(["lines", "kind (INFO and above; numbers and quoted values blanked)"],
+                   [[n, k.replace("|", "/")] for k, n in log["kinds"].items()])]
+    for e in [*log["first_errors"], *log.get("traceback_excerpts", [])]:
         out += ["", "```", e, "```"]
-    for t in log.get("traceback_excerpts", []):
-        out += ["", "```", t, "```"]
-    out += ["", "Timings (s): " + ", ".join(f"{k} {v}" for k, v in r["timings_s"].items())]
-    return out
+    return [*out, "", "Timings (s): " + ", ".join(f"{k} {v}" for k, v in r["timings_s"].items())]

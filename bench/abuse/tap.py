@@ -35,8 +35,7 @@ _BACK = ("Content-Type",)
 class Backend:
     """One simulator behind the tap, and what the tap saw of its traffic."""
 
-    def __init__(self, index: int, upstream: str) -> None:
-        self.index = index
+    def __init__(self, upstream: str) -> None:
         self.upstream = upstream
         self.hung = False
         self.seen: list[int] = []
@@ -44,40 +43,29 @@ class Backend:
         self.cut: list[int] = []
         self.probes: dict[int, dict[str, object]] = {}
 
-    def report(self) -> dict[str, object]:
-        return {"upstream": self.upstream, "hung": self.hung, "seen": self.seen,
-                "held": self.held, "cut": self.cut, "probes": self.probes}
-
 
 def rid_of(body: bytes) -> int | None:
     m = RID.search(body)
     return int(m.group(1)) if m else None
 
 
+def _json(body: bytes) -> dict[str, object]:
+    with contextlib.suppress(ValueError):
+        if isinstance(parsed := json.loads(body), dict):
+            return parsed
+    return {}
+
+
 def probe_record(headers: Iterable[tuple[str, str]], body: bytes) -> dict[str, object] | None:
     """What a header probe brought to the engine: its headers (every one, in order, repeats
     kept) and the body's cache_salt."""
     m = PROBE.search(body)
-    if not m:
-        return None
-    salt: object = None
-    with contextlib.suppress(ValueError):
-        parsed = json.loads(body)
-        salt = parsed.get("cache_salt") if isinstance(parsed, dict) else None
-    return {"id": int(m.group(1)), "headers": [[k, v] for k, v in headers], "cache_salt": salt}
+    return None if not m else {"id": int(m.group(1)), "headers": [[k, v] for k, v in headers],
+                               "cache_salt": _json(body).get("cache_salt")}
 
 
 def is_stream(body: bytes) -> bool:
-    with contextlib.suppress(ValueError):
-        parsed = json.loads(body)
-        return isinstance(parsed, dict) and parsed.get("stream") is True
-    return False
-
-
-def abort(request: web.Request) -> None:
-    """End the connection without an answer: what the router sees of a dead engine."""
-    if request.transport is not None:
-        request.transport.abort()
+    return _json(body).get("stream") is True
 
 
 def make_app(b: Backend, session: aiohttp.ClientSession) -> web.Application:
@@ -92,10 +80,9 @@ def make_app(b: Backend, session: aiohttp.ClientSession) -> web.Application:
         if b.hung and request.path.startswith("/v1/"):
             if rid is not None:
                 b.held.append(rid)
-            resp = None
             if is_stream(body):
-                resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-                await resp.prepare(request)
+                await web.StreamResponse(headers={"Content-Type": "text/event-stream"}).prepare(
+                    request)
             await asyncio.Event().wait()  # until the router gives up (handler cancelled)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         started: web.StreamResponse | None = None
@@ -114,7 +101,8 @@ def make_app(b: Backend, session: aiohttp.ClientSession) -> web.Application:
         except (aiohttp.ClientError, OSError) as exc:
             if rid is not None and not isinstance(exc, aiohttp.ClientConnectorError):
                 b.cut.append(rid)
-            abort(request)
+            if request.transport is not None:  # unanswered: how a dead engine looks
+                request.transport.abort()
             return started or web.Response(status=502)
 
     app = web.Application(client_max_size=64 * 2**20)
@@ -128,7 +116,9 @@ def control_app(backends: list[Backend]) -> web.Application:
         return web.json_response({"ok": True})
 
     async def records(request: web.Request) -> web.Response:
-        return web.json_response([b.report() for b in backends])
+        return web.json_response([{"upstream": b.upstream, "hung": b.hung, "seen": b.seen,
+                                   "held": b.held, "cut": b.cut, "probes": b.probes}
+                                  for b in backends])
 
     app = web.Application()
     app.router.add_post("/{what:hang|unhang}/{i:\\d+}", hang)
@@ -142,7 +132,7 @@ async def serve(control: int, pairs: list[tuple[int, str]]) -> None:
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=2),
         connector=aiohttp.TCPConnector(limit=0), auto_decompress=False,
         skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"))
-    backends = [Backend(i, up) for i, (_port, up) in enumerate(pairs)]
+    backends = [Backend(up) for _port, up in pairs]
     runners = []
     for (port, _up), b in zip(pairs, backends, strict=True):
         r = web.AppRunner(make_app(b, session), handler_cancellation=True, access_log=None)
