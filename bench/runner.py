@@ -366,7 +366,7 @@ def head(sc: Scenario, run: Run, rate: float, kv: int, ws: int) -> dict[str, Any
            "seed": sc.seed, **setup_version(s), "settings": dict(s.settings),
            "router_env": dict(s.env),
            "capacity_factor": sc.capacity_factor, "tag": sc.tag, "requests": sc.requests,
-           "sim_args": [*(TOKEN_SIM_ARGS if sc.kv_events else ()), *sc.sim_args, *s.sim_args],
+           "sim_args": list(TOKEN_SIM_ARGS) if sc.kv_events else None,
            "kv_events": sc.kv_events, "kv_capacities": list(capacities(sc, kv))
            if sc.kv_shares else None, "restart": list(sc.restart) if sc.restart else None,
            "shape": {"kind": type(sc.shape).__name__.lower(), **dataclasses.asdict(sc.shape)}
@@ -407,7 +407,7 @@ async def run_scenario(sc: Scenario, command: str, write: bool = True) -> list[d
             if (run.workload, run.rates) not in built:
                 built[run.workload, run.rates] = workload_for(sc, run.workload, run.rates)
             wl, kv, ws = built[run.workload, run.rates]
-            key = (run.workload, kv, run.setup.sim_args)  # a new fleet when it changes
+            key = (run.workload, kv)  # a new fleet when it changes
             if fleet is None or sc.fresh_fleet or fleet_key != key:
                 if fleet is not None:
                     await fleet.close()
@@ -415,11 +415,10 @@ async def run_scenario(sc: Scenario, command: str, write: bool = True) -> list[d
                 if sc.engine == "llama":
                     sims = await llama.start_engines(fleet, sc.replicas, sc.engine_config)
                 else:
-                    token_args = TOKEN_SIM_ARGS if sc.kv_events else ()
                     sims = [p.url for p in await asyncio.gather(*(fleet.start_sim(
                         f"sim{k}", model=MODEL, kv_capacity=cap, profile=sc.profile,
                         time_scale=sc.time_scale, kv_events=sc.kv_events,
-                        extra=[*token_args, *sc.sim_args, *run.setup.sim_args])
+                        extra=list(TOKEN_SIM_ARGS) if sc.kv_events else None)
                         for k, cap in enumerate(capacities(sc, kv))))]
             elapsed = time.monotonic() - t_start
             left = (planned - done) * (elapsed / done if done else 1.0)

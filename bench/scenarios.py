@@ -31,7 +31,6 @@ class Setup:
     replicas: int = 1  # router processes; requests spread over them as a Service would
     store: str = "local"  # "redis": a fresh redis-server shared by the replicas
     compared: bool = False  # in `bench compare`, every router side by side
-    sim_args: tuple[str, ...] = ()  # engine-sim flags for this setup (its own fleet)
     # environment of its router processes (e.g. PYTHONPATH: a patched copy of the router, A/B)
     env: Mapping[str, str] = field(default_factory=dict)
 
@@ -144,7 +143,6 @@ class Scenario:
     time_scale: float = 1.0
     kv_capacity: int | None = None  # per simulator; None: the workload's (capacity.py)
     capacity_factor: float = 1.0  # routers are told this x the simulators' KV capacity
-    sim_args: tuple[str, ...] = ()  # more engine-sim flags
     engine: str = "sim"  # "llama": llama-server processes (bench/harness/llama.py), fresh a run
     engine_config: Mapping[str, Any] = field(default_factory=dict)  # llama: ServerConfig(**it)
     seed: int = 7

@@ -152,19 +152,3 @@ def test_corrected_is_judged_only_where_approx_alone_falls_below_the_bar() -> No
     [(_, _, met)] = judge(events, [drift("drift-f2", "prefix-events", 0.78)])
     assert met is True  # 0.975
     assert judge(approx, low)[0][2] is None  # shown, not judged
-
-
-def test_the_drift_report_has_one_summary_table_of_every_part(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(report, "RESULTS", tmp_path)
-    for part in ("f2", "restart"):
-        d = tmp_path / "drift" / part
-        d.mkdir(parents=True)
-        for m, hit in (("events", 0.79), ("approx", 0.5)):
-            (d / f"{m}.json").write_text(json.dumps(drift(f"drift-{part}", f"prefix-{m}", hit)))
-    text = report.render(SCENARIOS["drift"])
-    summary = text.split("## Summary", 1)[1].split("##", 1)[0]
-    rows = [line.split(" | ")[:2] for line in summary.splitlines() if line.startswith("| drift")]
-    assert rows == [["| drift-f2", "prefix-approx"], ["| drift-f2", "prefix-events"],
-                    ["| drift-restart", "prefix-approx"], ["| drift-restart", "prefix-events"]]
-    assert "| drift-f2: events hit rate >= 0.97 x oracle | 0.790 / 0.800 = 0.988 | yes |" in text
