@@ -26,19 +26,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 
-from .config import RouterSettings
-
-__all__ = [
-    "FIGURES_INFIX",
-    "KEY_PREFIX",
-    "METRIC_PREFIX",
-    "WORKING_SET_BUCKET_S",
-    "WORKING_SET_WINDOW_S",
-    "RouterFigures",
-    "RouterSettings",
-    "StoreKeys",
-    "store_prefix",
-]
+# the settings file the operator renders for the router
+from .config import RouterSettings as RouterSettings
 
 KEY_PREFIX = "prefixrouter:"
 OWNERS_INFIX = "o:"

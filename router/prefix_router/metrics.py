@@ -23,14 +23,12 @@ class _WorkingSet(Collector):
     store, not counted yet, or Redis away): an autoscaler must hold on a missing value, never
     scale on a made-up or outdated one. A plain Gauge always has a sample."""
 
-    NAME = WORKING_SET_METRIC
-
     def __init__(self) -> None:
         self.tokens: float | None = None
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         g = GaugeMetricFamily(
-            self.NAME,
+            WORKING_SET_METRIC,
             "Tokens of the distinct prefix blocks the model's routers were asked for within the "
             "working-set window (a HyperLogLog union in the shared store x block size): the "
             "figure the metrics adapter serves under the same name. The same "

@@ -81,9 +81,7 @@ def read_json(body: bytes, kind: Kind) -> tuple[str | None, tuple[int, int | Non
     answer = _decode_one(body)
     if answer is None:
         return None, None
-    text = None
-    if answer.choices:
-        text = _choice_text(answer.choices[0], kind, streamed=False)
+    text = _choice_text(answer.choices[0], kind, streamed=False) if answer.choices else None
     return text, _usage(answer)
 
 

@@ -34,8 +34,6 @@ from .writeback import WriteBack
 
 log = logging.getLogger("prefix_router.redis")
 
-__all__ = ["SharedStore"]
-
 
 class SharedStore(Store):
     def __init__(
