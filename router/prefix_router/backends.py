@@ -54,7 +54,7 @@ class BackendSet:
     def _refresh(self) -> None:
         self._healthy = [b for b in self._by_url.values() if b.healthy]
 
-    def set_members(self, urls: Iterable[str]) -> tuple[list[str], list[str]]:
+    def set_members(self, urls: Iterable[str]) -> None:
         wanted = {u.rstrip("/") for u in urls}
         added = [u for u in wanted if u not in self._by_url]
         removed = [u for u in self._by_url if u not in wanted]
@@ -71,7 +71,6 @@ class BackendSet:
             log.info("backend joined: %s", u)
             for fn in self._on_join:
                 fn(u)
-        return added, removed
 
     def get(self, url: str) -> Backend | None:
         return self._by_url.get(url)

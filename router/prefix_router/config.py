@@ -243,8 +243,7 @@ def load_settings(path: str | Path | None, overrides: dict | None = None) -> Rou
     """Read YAML (if given), apply flat overrides (dotted keys allowed), validate."""
     data: dict = {}
     if path:
-        text = Path(path).read_text()
-        loaded = yaml.safe_load(text) or {}
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
         if not isinstance(loaded, dict):
             raise ValueError(f"{path}: the config file must hold a mapping")
         data = loaded

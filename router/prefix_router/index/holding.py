@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-# A backend counts as full this much early: a request adds its unique blocks on top of what it
-# matched.
+# A backend counts as full at this share of its capacity: a request adds its unique blocks on
+# top of what it matched.
 FULL = 0.95
 
 
@@ -22,9 +22,9 @@ class Holding:
         self.keep_s = float("inf")  # longest its engine keeps an unused block (inf: the TTL)
 
     def depth(self, hashes: Sequence[int], depth: int, cutoff: float, now: float) -> int:
-        """Of the first `depth` blocks of `hashes`, how many lead up to the first one last
-        used after `cutoff`: deeper blocks are never used more recently, so the depth shrinks
-        from the end."""
+        """How many of the first `depth` blocks of `hashes` it still holds: none last used at
+        or before `cutoff`, and deeper blocks are never used more recently, so the depth
+        shrinks from the end."""
         lru = self.lru
         while depth and lru.get(hashes[depth - 1], now) <= cutoff:
             depth -= 1
