@@ -350,12 +350,6 @@ async def measure(sc: Scenario, fleet: Fleet, sims: list[str], run: Run, *, wl: 
     return out
 
 
-def setup_version(s: Setup) -> dict[str, str]:
-    """An anchor's pinned package (ours is the tree's `version`, in every point's stamp)."""
-    return {"router_version": PACKAGES[ANCHORS[s.router].package].spec} \
-        if s.router in ANCHORS else {}
-
-
 def head(sc: Scenario, run: Run, rate: float, kv: int, ws: int) -> dict[str, Any]:
     """What a point's JSON says about how it was run (its figures come after)."""
     s = run.setup
@@ -363,7 +357,9 @@ def head(sc: Scenario, run: Run, rate: float, kv: int, ws: int) -> dict[str, Any
            "client": run.client, "seconds": sc.seconds, "replicas": sc.replicas,
            "router_replicas": s.replicas, "store": s.store, "profile": sc.profile,
            "time_scale": sc.time_scale, "kv_capacity_tokens": kv, "working_set_tokens": ws,
-           "seed": sc.seed, **setup_version(s), "settings": dict(s.settings),
+           # an anchor's pinned package (ours is the tree's `version`, in every point's stamp)
+           "seed": sc.seed, "router_version": PACKAGES[ANCHORS[s.router].package].spec
+           if s.router in ANCHORS else None, "settings": dict(s.settings),
            "router_env": dict(s.env),
            "capacity_factor": sc.capacity_factor, "tag": sc.tag, "requests": sc.requests,
            "sim_args": list(TOKEN_SIM_ARGS) if sc.kv_events else None,

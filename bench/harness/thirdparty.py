@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from .anchors import CACHE, PACKAGES, stamp, venv_dir, venv_python
+from .stats import ms
 
 TOKENIZER_DIR = CACHE / "tokenizers" / "sim-4byte"
 
@@ -92,10 +93,6 @@ def config(base_url: str, model: str, data: Path, rate: float, seconds: int, tok
     }
 
 
-def _ms(x: Any) -> float | None:
-    return None if x is None else round(float(x) * 1000.0, 2)
-
-
 def parse_summary(summary: dict[str, Any]) -> dict[str, Any]:
     """Our fields from inference-perf's summary_lifecycle_metrics.json (seconds -> ms)."""
     ok = summary.get("successes") or {}
@@ -105,10 +102,10 @@ def parse_summary(summary: dict[str, Any]) -> dict[str, Any]:
     return {
         "requests_ok": int(ok.get("count") or 0),
         "errors": int((summary.get("failures") or {}).get("count") or 0),
-        "ttft_p50_ms": _ms(ttft.get("median")),
-        "ttft_p90_ms": _ms(ttft.get("p90")),
-        "ttft_p99_ms": _ms(ttft.get("p99")),
-        "e2e_p50_ms": _ms(e2e.get("median")),
+        "ttft_p50_ms": ms(ttft.get("median")),
+        "ttft_p90_ms": ms(ttft.get("p90")),
+        "ttft_p99_ms": ms(ttft.get("p99")),
+        "e2e_p50_ms": ms(e2e.get("median")),
         "token_count_mismatches": ok.get("token_count_mismatches"),
     }
 
