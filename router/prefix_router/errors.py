@@ -14,13 +14,9 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 log = logging.getLogger("prefix_router")
 
-# OpenAI's error types; any other 4xx is the client's request, any other 5xx the server's.
+# OpenAI's error types, where not the default: invalid_request_error (4xx), server_error (5xx).
 _TYPES = {
-    400: "invalid_request_error",
     404: "not_found_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    417: "invalid_request_error",
     429: "rate_limit_error",
     502: "upstream_error",
     503: "service_unavailable",
