@@ -531,7 +531,7 @@ async def run_round(store: str, log_dir: Path) -> dict[str, Any]:
         redis_before = await redis_figures(redis_url) if redis_url else None
         before = proc_figures(pid) | {"fd_kinds": fd_kinds(pid, port, roles)}
         watch = Watch(url, pid)
-        watching = asyncio.create_task(asyncio.gather(watch.healthz(), watch.proc()))
+        watching = asyncio.gather(watch.healthz(), watch.proc())
         outcomes = await timed(timings, "attack", attack(ctx, port, url, private, watch, timings))
         leak = await timed(timings, "in-flight drain", drained(s, url, sims, errors))
         entries = gauge_sum(await get(s, url + "/metrics"), "prefix_router_table_entries")
