@@ -188,6 +188,9 @@ FLEET = ("8 `engine-sim` replicas, profile `llama-3.1-70b-h100` (Llama-3.1-70B o
          "working set; the fleet holds 192k). Requests: streaming chat, Poisson arrivals; "
          "TTFT = time to the first content token at the client. Every hit rate is measured at "
          "the simulated engines (their own counters), never claimed by the router")
+OVERHEAD_COLUMNS = ("router", "added_p50_ms", "added_p99_ms", "direct_p50_ms", "routed_p50_ms",
+                    "routed_p99_ms", "max_rps", "direct_max_rps", "rss_mb", "rss_mb_1m_entries",
+                    "errors")
 SP_PREFIX = {"scenario": "routing", "workload": "system-prompts", "router": "prefix"}
 SHARING = tuple(w for w in WORKLOADS if w != "unique")
 
@@ -256,9 +259,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
         "as its own /metrics counts them",
         "overhead", kind="overhead", workloads=("",), rates=(500.0,), seconds=20.0,
         replicas=1, profile="zero", kv_capacity=1_000_000,
-        columns=("router", "added_p50_ms", "added_p99_ms", "direct_p50_ms", "routed_p50_ms",
-                 "routed_p99_ms", "max_rps", "direct_max_rps", "rss_mb", "rss_mb_1m_entries",
-                 "errors"), group_by=(), quick={"seconds": 10.0}),
+        columns=OVERHEAD_COLUMNS, group_by=(), quick={"seconds": 10.0}),
     Scenario(
         "overhead-tokens", "issue 22: the router's overhead with token-aligned blocks, each "
         "index mode", "Router overhead with token-aligned blocks", "Non-streaming chat "
@@ -272,9 +273,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
         "own /metrics counts them (in `events` mode, from the simulator's BlockStored events)",
         "overhead-tokens", kind="overhead", workloads=("",), setups=MODES, rates=(500.0,),
         seconds=20.0, replicas=1, profile="zero", kv_capacity=20_000_000, kv_events=True,
-        columns=("router", "added_p50_ms", "added_p99_ms", "direct_p50_ms", "routed_p50_ms",
-                 "routed_p99_ms", "max_rps", "direct_max_rps", "rss_mb", "rss_mb_1m_entries",
-                 "errors"), group_by=(), quick={"seconds": 10.0}, rules=(
+        columns=OVERHEAD_COLUMNS, group_by=(), quick={"seconds": 10.0}, rules=(
             Rule("{router}: added p50 < 1.5 ms", "added_p50_ms", {}, "<", 1.5),
             Rule("{router}: added p99 < 5 ms", "added_p99_ms", {}, "<", 5.0))),
     Scenario(
