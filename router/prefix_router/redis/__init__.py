@@ -26,6 +26,7 @@ from ..config import RouterSettings
 from ..contract import StoreKeys
 from ..load import LoadTracker
 from ..store import Store, StoreStats, local_index
+from .capacity import Capacity
 from .figures import FiguresPublisher
 from .index import SharedIndex
 from .link import FAILURES, RedisLink
@@ -52,12 +53,14 @@ class SharedStore(Store):
         self.keys = StoreKeys(s.model_key)
         self.link = RedisLink(st, clock)
         self.peers = Peers(self.link, self.keys, self.router_id, load, st.load_lease_s, wall)
-        self.writes = WriteBack(s, self.keys, self.link, self.peers, clock, wall)
+        self.capacity = Capacity(s, self.link, self.keys, wall)
+        self.writes = WriteBack(s, self.keys, self.link, self.peers, self.capacity, clock, wall)
         self.figures = FiguresPublisher(
             self.link, self.keys, self.router_id, load, s.block_size, clock, wall
         )
         self.shared = SharedIndex(
-            s, self.link, self.keys, self.writes, self.peers, local_index(s), clock, wall
+            s, self.link, self.keys, self.writes, self.peers, self.capacity, local_index(s), clock,
+            wall,
         )
         # with the engines' events every router builds the same index from them (events/):
         # the store then carries the load, the figures and the working set, not the index
@@ -88,7 +91,7 @@ class SharedStore(Store):
         if self.link.down:
             return
         await self.peers.heartbeat()
-        await self.shared.capacity.read(self.shared.models)
+        await self.capacity.read(self.shared.models)
         self.timer_round_trips += 2
 
     async def publish(self) -> None:

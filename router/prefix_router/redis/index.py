@@ -54,6 +54,7 @@ class SharedIndex:
         keys: StoreKeys,
         writes: WriteBack,
         peers: Peers,
+        capacity: Capacity,
         local: LocalIndex,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
@@ -78,7 +79,7 @@ class SharedIndex:
         self.round_trips = 0
         self.slow_lookups = 0
         self.models: set[str] = set()
-        self.capacity = Capacity(link, keys, writes, wall)
+        self.capacity = capacity
         # (model, block, backend) -> last use (unix s) of the deepest block a lookup found
         self._used: dict[tuple[str, int, str], float] = {}
 
@@ -225,7 +226,7 @@ class SharedIndex:
         return True
 
     def resize(self, block_tokens: float) -> None:
-        self._writes.resize(block_tokens)
+        self.capacity.resize(block_tokens)
         self._local.resize(block_tokens)
 
     def occupancy(self, model: str, backend: str) -> float:

@@ -21,6 +21,7 @@ from typing import Any
 from ..config import RouterSettings
 from ..contract import WORKING_SET_BUCKET_S, WORKING_SET_WINDOW_S, StoreKeys
 from ..index.local import LocalIndex
+from .capacity import Capacity
 from .link import FAILURES, RedisLink
 from .peers import Peers
 from .scripts import block_hex, chain_hex
@@ -52,10 +53,12 @@ class WriteBack:
         keys: StoreKeys,
         link: RedisLink,
         peers: Peers,
+        capacity: Capacity,
         clock: Callable[[], float],
         wall: Callable[[], float] = time.time,
     ) -> None:
         self._peers = peers
+        self._capacity = capacity
         self.flushes = 0  # round trips of writes alone (lookups carry the others)
         self.flushing: asyncio.Task[None] | None = None
         self.closed = False
@@ -66,12 +69,6 @@ class WriteBack:
         self._wall = wall
         self._delay = s.store.write_delay_ms / 1000.0
         self._ttl = int(max(1, s.ttl_seconds))
-        self._capacity_tokens = s.kv_capacity_tokens
-        # with no capacity known, a backend's blocks in Redis are bounded as the index is here
-        self._unbounded = max(1000, min(s.store.max_entries_per_model, s.max_table_entries) // 16)
-        self.capacity_blocks = 0
-        self.resize(s.block_size)
-        self.capacity: dict[str, int] = {}  # per backend, where learned (learning.py)
         self.records: list[Record] = []
         self.truncates: list[tuple[str, str, list[int]]] = []
         self.drops: list[str] = []
@@ -80,14 +77,6 @@ class WriteBack:
         self.news = False  # a queued write other routers should see at once
         self.recent = self._new_recent()  # own records not yet written
         self.sent: tuple[float, LocalIndex] | None = None  # the last written, and when
-
-    def resize(self, block_tokens: float) -> None:
-        """A block holds this many engine tokens (sizing.py)."""
-        cap = int(self._capacity_tokens / block_tokens) if self._capacity_tokens else 0
-        self.capacity_blocks = max(cap, 1) if cap else self._unbounded
-
-    def capacity_of(self, backend: str) -> int:
-        return self.capacity.get(backend) or self.capacity_blocks
 
     def _new_recent(self) -> LocalIndex:
         return LocalIndex(self._s.block_size, 0, 3.0, 200_000, 0, clock=self._clock)
@@ -157,7 +146,7 @@ class WriteBack:
         for r in staged.records:
             link.evalsha(
                 pipe, "record", prefix, r.model, r.backend, wall_now, self._ttl,
-                self.capacity_of(r.backend), chain_hex(r.blocks),
+                self._capacity.of(r.backend), chain_hex(r.blocks),
                 "" if r.parent is None else block_hex(r.parent),
             )
         for model, backend, blocks in staged.truncates:
