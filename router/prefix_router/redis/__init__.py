@@ -3,7 +3,8 @@ replica of a model, in one Redis. Key layout: contract.py.
 
 Split by job, each with its own period (settings.store) and an injectable clock, so a test
 drives time by calling a job's tick instead of sleeping:
-  index.py      the shared index (lookups, near-cache, budget, capacity model)
+  index.py      the shared index (lookups, near-cache, budget)
+  capacity.py   each backend's capacity and cache fill, shared and learned
   writeback.py  the write-back queue (records, truncations, drops, working-set hashes)
   peers.py      this router's load for the others, theirs read back, live routers
   figures.py    the figures for the operator and the autoscaler
