@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..config import RouterSettings
@@ -41,9 +41,9 @@ class Record:
 
 @dataclass(slots=True)
 class Staged:
-    records: list[Record] = field(default_factory=list)
-    truncates: list[tuple[str, str, list[int]]] = field(default_factory=list)
-    drops: list[str] = field(default_factory=list)
+    records: list[Record]
+    truncates: list[tuple[str, str, list[int]]]
+    drops: list[str]
 
 
 class WriteBack:
