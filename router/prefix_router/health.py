@@ -149,5 +149,3 @@ class HealthLoop:
             gone = self._store.expire()
             if gone:
                 log.debug("expired %d table entries", gone)
-            self._metrics.table_entries.set(self._store.entries())
-            self._metrics.store_degraded.set(1 if self._store.degraded else 0)
