@@ -16,12 +16,11 @@ _SPAN = 4.0
 
 
 class Sizing:
-    __slots__ = ("_applied", "_prior", "block_bytes", "block_size", "bytes_per_token", "exact")
+    __slots__ = ("_applied", "_prior", "block_bytes", "bytes_per_token", "exact")
 
     def __init__(self, block_size: int, block_bytes: int, bytes_per_token: float, exact: bool):
         if exact:  # token ids as 4-byte words (tokens.py): sizes are counts, nothing to learn
             block_bytes, bytes_per_token = block_size * 4, 4.0
-        self.block_size = block_size
         self.block_bytes = block_bytes
         self.bytes_per_token = bytes_per_token
         self._prior = bytes_per_token
