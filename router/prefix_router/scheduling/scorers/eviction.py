@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ...config import RouterSettings
 from ..candidate import Ask, Candidate
@@ -20,11 +21,9 @@ def build(s: RouterSettings, _signals: object) -> Eviction | None:
     return Eviction(s.evict_weight * s.block_size) if s.evict_weight else None
 
 
+@dataclass(frozen=True, slots=True)
 class Eviction:
-    __slots__ = ("block_cost",)
-
-    def __init__(self, block_cost: float) -> None:
-        self.block_cost = block_cost
+    block_cost: float  # prefill tokens a new block costs where the tail is hottest
 
     def __call__(self, cands: Sequence[Candidate], ask: Ask) -> list[float] | None:
         hottest = min(c.tail_age for c in cands)

@@ -8,6 +8,7 @@ conversation off its owner re-prefills its history: so the cost is small next to
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ...config import RouterSettings
 from ..candidate import Ask, Candidate
@@ -17,11 +18,9 @@ def build(s: RouterSettings, _signals: object) -> InFlight | None:
     return InFlight(s.load_cost_tokens) if s.load_cost_tokens else None
 
 
+@dataclass(frozen=True, slots=True)
 class InFlight:
-    __slots__ = ("cost",)
-
-    def __init__(self, cost_tokens: float) -> None:
-        self.cost = cost_tokens
+    cost: float  # prefill tokens a request in flight costs
 
     def __call__(self, cands: Sequence[Candidate], ask: Ask) -> list[float]:
         cost = self.cost

@@ -5,6 +5,7 @@ request once, while a miss also costs a new copy of the prefix (bench/results/lo
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ...config import RouterSettings
 from ..candidate import Ask, Candidate
@@ -14,11 +15,9 @@ def build(s: RouterSettings, _signals: object) -> PendingPrefill | None:
     return PendingPrefill(s.pending_weight) if s.pending_weight else None
 
 
+@dataclass(frozen=True, slots=True)
 class PendingPrefill:
-    __slots__ = ("weight",)
-
-    def __init__(self, weight: float) -> None:
-        self.weight = weight
+    weight: float
 
     def __call__(self, cands: Sequence[Candidate], ask: Ask) -> list[float]:
         w = self.weight

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ...config import RouterSettings
 from ..candidate import Ask, Candidate
@@ -12,11 +13,9 @@ def build(s: RouterSettings, _signals: object) -> PrefixMatch:
     return PrefixMatch(s.block_size)
 
 
+@dataclass(frozen=True, slots=True)
 class PrefixMatch:
-    __slots__ = ("block_tokens",)
-
-    def __init__(self, block_tokens: int) -> None:
-        self.block_tokens = block_tokens
+    block_tokens: int
 
     def __call__(self, cands: Sequence[Candidate], ask: Ask) -> list[float] | None:
         if not ask.best_match:

@@ -13,6 +13,7 @@ knowing neither draws nor repels.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ...config import RouterSettings
 from ...steps import StepClock
@@ -25,12 +26,10 @@ def build(s: RouterSettings, signals: object) -> StepWait | None:
     return StepWait(s.step_wait_tokens_per_ms * 1000.0, signals.steps)  # type: ignore[attr-defined]
 
 
+@dataclass(frozen=True, slots=True)
 class StepWait:
-    __slots__ = ("per_s", "steps")
-
-    def __init__(self, tokens_per_s: float, steps: StepClock) -> None:
-        self.per_s = tokens_per_s
-        self.steps = steps
+    per_s: float  # prefill tokens a second of wait costs
+    steps: StepClock
 
     def __call__(self, cands: Sequence[Candidate], ask: Ask) -> list[float] | None:
         best = ask.best_match
