@@ -57,30 +57,30 @@ class OwnershipTable:
     # -- membership -------------------------------------------------------------------------
     def _holding(self, backend: str) -> Holding:
         """The backend's holding, given a free bit if it has none yet."""
-        h = self._held.get(backend)
-        if h is not None:
-            return h
+        holding = self._held.get(backend)
+        if holding is not None:
+            return holding
         if self._free_bits:
-            h = Holding(backend, self._free_bits.pop())
-            self._by_slot[h.slot] = h
+            holding = Holding(backend, self._free_bits.pop())
+            self._by_slot[holding.slot] = holding
         else:
-            h = Holding(backend, len(self._by_slot))
-            self._by_slot.append(h)
-        self._held[backend] = h
-        self._all_mask |= 1 << h.slot
-        return h
+            holding = Holding(backend, len(self._by_slot))
+            self._by_slot.append(holding)
+        self._held[backend] = holding
+        self._all_mask |= 1 << holding.slot
+        return holding
 
     def drop_backend(self, backend: str) -> int:
         """Forget everything a backend owned (it left, or was ejected). Returns blocks dropped."""
-        h = self._held.pop(backend, None)
-        if h is None:
+        holding = self._held.pop(backend, None)
+        if holding is None:
             return 0
-        self._clear(h.lru, h.slot)
-        dropped = len(h.lru)
+        self._clear(holding.lru, holding.slot)
+        dropped = len(holding.lru)
         self._entries -= dropped
-        self._by_slot[h.slot] = None
-        self._all_mask &= ~(1 << h.slot)
-        self._free_bits.append(h.slot)
+        self._by_slot[holding.slot] = None
+        self._all_mask &= ~(1 << holding.slot)
+        self._free_bits.append(holding.slot)
         return dropped
 
     def _clear(self, hashes: Iterable[int], slot: int) -> None:
@@ -94,13 +94,13 @@ class OwnershipTable:
             else:
                 index.pop(h, None)
 
-    def _capacity(self, h: Holding) -> int:
+    def _capacity(self, holding: Holding) -> int:
         """Blocks the backend may hold (0: no limit)."""
-        return h.capacity or self._capacity_blocks
+        return holding.capacity or self._capacity_blocks
 
-    def _cutoff(self, h: Holding, now: float) -> float:
+    def _cutoff(self, holding: Holding, now: float) -> float:
         """Blocks last used at or before this are no longer held."""
-        return now - min(self._ttl, h.keep_s)
+        return now - min(self._ttl, holding.keep_s)
 
     # -- queries ----------------------------------------------------------------------------
     def match(self, hashes: Sequence[int], now: float | None = None) -> dict[str, int]:
@@ -140,35 +140,38 @@ class OwnershipTable:
         by_slot = self._by_slot
         while mask:
             low = mask & -mask
-            h = by_slot[low.bit_length() - 1]
-            if h is not None:
-                result[h.name] = depth
+            holding = by_slot[low.bit_length() - 1]
+            if holding is not None:
+                result[holding.name] = depth
             mask ^= low
 
     def owned_blocks(self, backend: str) -> int:
-        h = self._held.get(backend)
-        return len(h.lru) if h is not None else 0
+        holding = self._held.get(backend)
+        return len(holding.lru) if holding is not None else 0
 
     def last_use(self, backend: str, block: int) -> float | None:
-        h = self._held.get(backend)
-        return h.lru.get(block) if h is not None else None
+        holding = self._held.get(backend)
+        return holding.lru.get(block) if holding is not None else None
 
     def fill(self, backend: str) -> float:
         """The share of the backend's capacity its blocks take (0 with no capacity set)."""
-        h = self._held.get(backend)
-        cap = self._capacity(h) if h is not None else 0
-        return len(h.lru) / cap if h is not None and cap else 0.0
+        holding = self._held.get(backend)
+        if holding is None or not self._capacity(holding):
+            return 0.0
+        return len(holding.lru) / self._capacity(holding)
 
     def tail_age(self, backend: str, now: float) -> float:
         """Seconds since the least recently used block of a full backend was last used
         (infinity: it has room, or no capacity is set)."""
-        h = self._held.get(backend)
-        return float("inf") if h is None else h.tail_age(self._capacity(h), now)
+        holding = self._held.get(backend)
+        if holding is None:
+            return float("inf")
+        return holding.tail_age(self._capacity(holding), now)
 
     def holdings(self) -> dict[str, list[tuple[int, float]]]:
         """Per backend, its blocks and their last use, least recently used first (for
         debugging, and for tests that check a table is left exactly as it was)."""
-        return {name: list(h.lru.items()) for name, h in self._held.items()}
+        return {name: list(holding.lru.items()) for name, holding in self._held.items()}
 
     def __len__(self) -> int:
         """(block, backend) ownership entries."""
@@ -231,8 +234,8 @@ class OwnershipTable:
     def _evict_largest(self, count: int) -> None:
         while count > 0:
             largest = max(
-                (h for h in self._by_slot if h is not None and h.lru),
-                key=lambda h: len(h.lru),
+                (holding for holding in self._by_slot if holding is not None and holding.lru),
+                key=lambda holding: len(holding.lru),
                 default=None,
             )
             if largest is None:
