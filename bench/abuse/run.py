@@ -348,6 +348,21 @@ async def wait_for(check: Callable[[], bool | Awaitable[bool]], timeout: float, 
     return round(time.monotonic() - t0, 2)
 
 
+async def within(errors: list[str], what: str, check: Callable[[], bool | Awaitable[bool]],
+                 timeout: float, interval: float = 0.1) -> float | None:
+    """wait_for, its timeout noted among the run's errors instead of raised (None)."""
+    try:
+        return await wait_for(check, timeout, what, interval)
+    except TimeoutError as exc:
+        errors.append(str(exc))
+        return None
+
+
+def clients(kinds: dict[str, int]) -> int:
+    """Connections from clients among a process's descriptors (fd_kinds)."""
+    return sum(n for k, n in kinds.items() if k.startswith("clients "))
+
+
 # ------------------------------------------------------------------ the round
 
 
@@ -533,7 +548,13 @@ async def run_round(store: str, log_dir: Path) -> dict[str, Any]:
         watch = Watch(url, pid)
         watching = asyncio.gather(watch.healthz(), watch.proc())
         outcomes = await timed(timings, "attack", attack(ctx, port, url, private, watch, timings))
-        leak = await timed(timings, "in-flight drain", drained(s, url, sims, errors))
+        async def idle() -> bool:  # nothing in flight at the router nor at any engine
+            texts = [await get(s, u + "/metrics") for u in [url, *(p.url for p in sims)]]
+            return (gauge_sum(texts[0], "prefix_router_backend_in_flight") == 0 and
+                    all(gauge_sum(t, "vllm:num_requests_running") == 0 for t in texts[1:]))
+
+        drain = await timed(timings, "in-flight drain", within(
+            errors, "nothing in flight", idle, 30))
         entries = gauge_sum(await get(s, url + "/metrics"), "prefix_router_table_entries")
         redis_after = await redis_figures(redis_url) if redis_url else None
         # the shared store lost while Redis was there all along (the faults kill it later)
@@ -545,7 +566,13 @@ async def run_round(store: str, log_dir: Path) -> dict[str, Any]:
         fault = await timed(timings, "faults", faults(fleet, load, s, url, control, redis_url,
                                                       errors))
         watch.phase = "after"
-        settle = await timed(timings, "settle", settled(pid, port, roles, before, errors))
+        # the attack's client connections closed: as many open as before it, give or take the
+        # watchers' own (idle connections to the engines stay pooled for 60 s by design)
+        bar = clients(before["fd_kinds"]) + 2
+        settle = {"seconds": await timed(timings, "settle", within(
+            errors, f"client connections back to {bar}",
+            lambda: clients(fd_kinds(pid, port, roles)) <= bar, 30, 0.25)),
+            "client_connections_bar": bar}
         after = proc_figures(pid) | {"fd_kinds": fd_kinds(pid, port, roles)}
         metrics = await get(s, url + "/metrics")
         records = await get(s, control + "/records")
@@ -572,7 +599,7 @@ async def run_round(store: str, log_dir: Path) -> dict[str, Any]:
                  "max_model_len": 32768},
         "timings_s": timings, "outcomes": [o.__dict__ for o in outcomes],
         "faults": fault | {"load": judge_load(load.results, allowed)},
-        "leak_check": leak, "settle": settle,
+        "leak_check": {"seconds": drain, "drained": drain is not None}, "settle": settle,
         "router": {"before": before, "after": after, "peak_rss_mb": max(
             watch.max_rss_mb, after.get("peak_rss_mb", 0)), "max_fds": watch.max_fds,
             "alive_at_end": alive, "sigterm": stop},
@@ -591,37 +618,6 @@ async def run_round(store: str, log_dir: Path) -> dict[str, Any]:
 async def ready_is(s: aiohttp.ClientSession, url: str, key: str, value: Any) -> bool:
     """Whether the router's /readyz says `key` is `value` (healthy_backends, store)."""
     return (await get(s, url + "/readyz")).get(key) == value
-
-
-async def drained(s: aiohttp.ClientSession, url: str, sims: list[Any],
-                  errors: list[str]) -> dict[str, Any]:
-    """After the clients left: nothing in flight at the router nor at any engine."""
-    async def idle() -> bool:
-        texts = [await get(s, u + "/metrics") for u in [url, *(p.url for p in sims)]]
-        return (gauge_sum(texts[0], "prefix_router_backend_in_flight") == 0 and
-                all(gauge_sum(t, "vllm:num_requests_running") == 0 for t in texts[1:]))
-    try:
-        return {"seconds": await wait_for(idle, 30, "nothing in flight"), "drained": True}
-    except TimeoutError as exc:
-        errors.append(str(exc))
-        return {"seconds": None, "drained": False}
-
-
-async def settled(pid: int, port: int, roles: dict[int, str], before: dict[str, Any],
-                  errors: list[str]) -> dict[str, Any]:
-    """The attack's client connections closed: as many open as before it, give or take the
-    watchers' own. (Idle connections to the engines stay pooled for 60 s by design.)"""
-    def clients(kinds: dict[str, int]) -> int:
-        return sum(n for k, n in kinds.items() if k.startswith("clients "))
-
-    bar = clients(before["fd_kinds"]) + 2
-    try:
-        return {"seconds": await wait_for(lambda: clients(fd_kinds(pid, port, roles)) <= bar, 30,
-                                          f"client connections back to {bar}", interval=0.25),
-                "client_connections_bar": bar}
-    except TimeoutError as exc:
-        errors.append(str(exc))
-        return {"seconds": None, "client_connections_bar": bar}
 
 
 async def run_all(stores: list[str], log_dir: Path) -> list[dict[str, Any]]:
