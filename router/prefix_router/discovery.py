@@ -51,16 +51,13 @@ class FileDiscovery:
         self._last: list[str] | None = None
         self._task: asyncio.Task[None] | None = None
 
-    def _read(self) -> list[str] | None:
+    def _check(self, on_change: OnChange) -> None:
         try:
-            return read_backends_file(self._path.read_text())
+            urls = read_backends_file(self._path.read_text())
         except OSError as exc:
             log.warning("cannot read backends file %s: %s", self._path, exc)
-            return None
-
-    def _check(self, on_change: OnChange) -> None:
-        urls = self._read()
-        if urls is not None and urls != self._last:
+            return
+        if urls != self._last:
             self._last = urls
             on_change(urls)
 
