@@ -19,6 +19,7 @@ from .tokens import fetch_tokenizer
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Each flag's dest is the (dotted) key of the setting it overrides."""
     p = argparse.ArgumentParser(
         prog="prefix-router", description="Prefix-aware router for LLM inference"
     )
@@ -27,76 +28,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--host")
     p.add_argument("--port", type=int)
-    p.add_argument(
-        "--backend",
-        action="append",
-        dest="backends",
-        metavar="URL",
-        help="a backend base URL (repeatable); comma-separated lists are accepted",
-    )
+    p.add_argument("--backend", action="append", dest="discovery.backends", metavar="URL",
+                   help="a backend base URL (repeatable); comma-separated lists are accepted")
     p.add_argument("--policy", choices=POLICIES)
     p.add_argument("--model", action="append", dest="models", help="served model name (repeatable)")
     p.add_argument("--block-size", type=int, help="hash block size in tokens")
     p.add_argument("--load-bound", type=float, help="bounded-load epsilon")
     p.add_argument("--kv-capacity-tokens", type=int, help="per-backend KV capacity in tokens")
     p.add_argument("--ttl-seconds", type=float)
-    p.add_argument(
-        "--discovery", choices=("static", "file", "kubernetes"), help="where backends come from"
-    )
-    p.add_argument("--backends-file", help="file discovery: base URLs, one per line, re-read")
-    p.add_argument("--service", help="kubernetes discovery: the model-server Service")
-    p.add_argument("--namespace", help="kubernetes discovery: its namespace")
-    p.add_argument("--backend-port", type=int, help="kubernetes discovery: the engine port")
-    p.add_argument("--kubeconfig", help="kubernetes discovery: kubeconfig (default: in-cluster)")
-    p.add_argument("--store", choices=("local", "redis"))
-    p.add_argument("--redis-url")
+    p.add_argument("--discovery", dest="discovery.mode", choices=("static", "file", "kubernetes"),
+                   help="where backends come from")
+    p.add_argument("--backends-file", dest="discovery.file", metavar="BACKENDS_FILE",
+                   help="file discovery: base URLs, one per line, re-read")
+    p.add_argument("--service", dest="discovery.service", metavar="SERVICE",
+                   help="kubernetes discovery: the model-server Service")
+    p.add_argument("--namespace", dest="discovery.namespace", metavar="NAMESPACE",
+                   help="kubernetes discovery: its namespace")
+    p.add_argument("--backend-port", type=int, dest="discovery.port", metavar="BACKEND_PORT",
+                   help="kubernetes discovery: the engine port")
+    p.add_argument("--kubeconfig", dest="discovery.kubeconfig", metavar="KUBECONFIG",
+                   help="kubernetes discovery: kubeconfig (default: in-cluster)")
+    p.add_argument("--store", dest="store.mode", choices=("local", "redis"))
+    p.add_argument("--redis-url", dest="store.url", metavar="REDIS_URL")
     p.add_argument("--model-key", help="key namespace of this model in the shared store")
-    p.add_argument("--log-level", default=None)
-    p.add_argument(
-        "--expose-routing",
-        action="store_true",
-        default=None,
-        help="tell clients where each request went (x-routed-to, x-route-reason)",
-    )
-    p.add_argument(
-        "--log-decisions",
-        action="store_true",
-        default=None,
-        help="log one line per routing decision, with its reason",
-    )
+    p.add_argument("--log-level")
+    p.add_argument("--expose-routing", action="store_true", default=None,
+                   help="tell clients where each request went (x-routed-to, x-route-reason)")
+    p.add_argument("--log-decisions", action="store_true", default=None,
+                   help="log one line per routing decision, with its reason")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    backends = None
-    if args.backends:
-        backends = [u for item in args.backends for u in item.split(",") if u.strip()]
-    overrides = {
-        "host": args.host,
-        "port": args.port,
-        "policy": args.policy,
-        "models": args.models,
-        "block_size": args.block_size,
-        "load_bound": args.load_bound,
-        "kv_capacity_tokens": args.kv_capacity_tokens,
-        "ttl_seconds": args.ttl_seconds,
-        "model_key": args.model_key,
-        "log_level": args.log_level,
-        "log_decisions": args.log_decisions,
-        "expose_routing": args.expose_routing,
-        "discovery.backends": backends,
-        "discovery.mode": args.discovery,
-        "discovery.file": args.backends_file,
-        "discovery.service": args.service,
-        "discovery.namespace": args.namespace,
-        "discovery.port": args.backend_port,
-        "discovery.kubeconfig": args.kubeconfig,
-        "store.mode": args.store,
-        "store.url": args.redis_url,
-    }
+    overrides = vars(parse_args(argv))
+    config = overrides.pop("config")
+    backends = overrides["discovery.backends"]
+    if backends:
+        overrides["discovery.backends"] = [u for item in backends for u in item.split(",")
+                                           if u.strip()]  # fmt: skip
     try:
-        settings = load_settings(args.config, overrides)
+        settings = load_settings(config, overrides)
     except (ValidationError, ValueError, OSError) as exc:
         print(f"prefix-router: invalid settings: {exc}", file=sys.stderr)
         sys.exit(2)
