@@ -38,14 +38,12 @@ def _namespace(settings: DiscoverySettings) -> str:
 
 
 def ready_addresses(slice_obj: Any, port: int | None) -> list[tuple[str, int, str | None]]:
-    """(address, port, pod name) of the ready endpoints of one EndpointSlice."""
-    ports = slice_obj.ports or []
-    chosen = port
-    if chosen is None:
-        chosen = next((p.port for p in ports if p.port), None)
-    elif ports and not any(p.port == chosen for p in ports):
-        chosen = next((p.port for p in ports if p.port), chosen)
-    if chosen is None:
+    """(address, port, pod name) of the ready endpoints of one EndpointSlice: on `port`, or
+    on the slice's first port where it names others (or `port` is None)."""
+    given = slice_obj.ports or []
+    if port is None or (given and all(p.port != port for p in given)):
+        port = next((p.port for p in given if p.port), port)
+    if port is None:
         return []
     out = []
     for ep in slice_obj.endpoints or []:
@@ -53,12 +51,9 @@ def ready_addresses(slice_obj: Any, port: int | None) -> list[tuple[str, int, st
         ready = cond.ready if cond is not None and cond.ready is not None else True
         if not ready or not ep.addresses:
             continue
-        pod = (
-            ep.target_ref.name
-            if ep.target_ref is not None and ep.target_ref.kind == "Pod"
-            else None
-        )
-        out.append((ep.addresses[0], chosen, pod))
+        ref = ep.target_ref
+        pod = ref.name if ref is not None and ref.kind == "Pod" else None
+        out.append((ep.addresses[0], port, pod))
     return out
 
 
@@ -66,6 +61,7 @@ class KubernetesDiscovery:
     def __init__(self, settings: DiscoverySettings) -> None:
         self._s = settings
         self._ns = _namespace(settings)
+        self._selector = f"kubernetes.io/service-name={settings.service}"
         self._task: asyncio.Task[None] | None = None
         self._slices: dict[str, list[tuple[str, int, str | None]]] = {}
         self._overrides: dict[str, str] = {}
@@ -82,8 +78,8 @@ class KubernetesDiscovery:
                 await config.load_kube_config()
         self._api = client.ApiClient()
         self._on_change = on_change
-        await self._list()
-        self._task = asyncio.create_task(self._run(), name="kube-discovery")
+        rv = await self._list()
+        self._task = asyncio.create_task(self._run(rv), name="kube-discovery")
 
     async def stop(self) -> None:
         if self._task:
@@ -93,21 +89,18 @@ class KubernetesDiscovery:
         if self._api:
             await self._api.close()
 
-    def _selector(self) -> str:
-        return f"kubernetes.io/service-name={self._s.service}"
-
     async def _list(self) -> str:
         assert self._api is not None
         api = client.DiscoveryV1Api(self._api)
-        resp = await api.list_namespaced_endpoint_slice(self._ns, label_selector=self._selector())
+        resp = await api.list_namespaced_endpoint_slice(self._ns, label_selector=self._selector)
         self._slices = {s.metadata.name: ready_addresses(s, self._s.port) for s in resp.items}
         await self._publish()
         return resp.metadata.resource_version
 
-    async def _run(self) -> None:
+    async def _run(self, rv: str | None) -> None:
+        """Watch from `rv` (the list's version); list again on any error."""
         assert self._api is not None
         api = client.DiscoveryV1Api(self._api)
-        rv: str | None = None
         while True:
             try:
                 if rv is None:
@@ -116,7 +109,7 @@ class KubernetesDiscovery:
                 async with w.stream(
                     api.list_namespaced_endpoint_slice,
                     self._ns,
-                    label_selector=self._selector(),
+                    label_selector=self._selector,
                     resource_version=rv,
                     timeout_seconds=300,
                     allow_watch_bookmarks=True,
@@ -136,14 +129,11 @@ class KubernetesDiscovery:
                         else:
                             self._slices[obj.metadata.name] = ready_addresses(obj, self._s.port)
                         await self._publish()
-            except asyncio.CancelledError:
-                raise
             except ApiException as exc:
+                rv = None
                 if exc.status == 410:  # resourceVersion too old: list again
-                    rv = None
                     continue
                 log.warning("endpointslice watch failed (%s); retrying", exc.status)
-                rv = None
                 await asyncio.sleep(1.0)
             except Exception as exc:  # a dropped connection must not end discovery
                 log.warning("endpointslice watch error: %r; retrying", exc)
@@ -152,20 +142,17 @@ class KubernetesDiscovery:
 
     async def _address(self, ip: str, port: int, pod: str | None) -> str:
         ann = self._s.address_override_annotation
-        if ann and pod:
-            if pod not in self._overrides:
-                assert self._api is not None
-                try:
-                    p = await client.CoreV1Api(self._api).read_namespaced_pod(pod, self._ns)
-                    value = (p.metadata.annotations or {}).get(ann)
-                except ApiException:
-                    value = None
-                if value:
-                    self._overrides[pod] = value
-                else:
-                    return f"http://{ip}:{port}"
-            return "http://" + self._overrides[pod]
-        return f"http://{ip}:{port}"
+        if ann and pod and pod not in self._overrides:
+            assert self._api is not None
+            try:
+                p = await client.CoreV1Api(self._api).read_namespaced_pod(pod, self._ns)
+                value = (p.metadata.annotations or {}).get(ann)
+            except ApiException:
+                value = None
+            if value:
+                self._overrides[pod] = value
+        override = self._overrides.get(pod) if pod else None
+        return "http://" + override if override else f"http://{ip}:{port}"
 
     async def _publish(self) -> None:
         urls: list[str] = []
