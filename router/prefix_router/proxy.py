@@ -124,12 +124,8 @@ class _Forward:
     async def attempt(self, a: Attempt) -> web.StreamResponse:
         try:
             answer = await self.upstream.post(a.backend, self.request.path, self.raw, self.headers)
-        except (UpstreamConnectError, UpstreamConnectTimeout) as exc:
-            raise _retry(a, "connect_error", exc) from None
-        except UpstreamTimeout as exc:
-            raise _timeout(a, exc) from None
-        except UpstreamError as exc:
-            raise _retry(a, "read_error", exc) from None
+        except (UpstreamError, UpstreamTimeout) as exc:
+            raise _unanswered(a, exc) from None
         try:
             status = answer.status
             if status in _RETRY_STATUS:
@@ -145,10 +141,8 @@ class _Forward:
     async def whole(self, a: Attempt, answer: UpstreamResponse) -> web.StreamResponse:
         try:
             body = await answer.read()
-        except UpstreamTimeout as exc:
-            raise _timeout(a, exc) from None
-        except UpstreamError as exc:
-            raise _retry(a, "read_error", exc) from None  # nothing reached the client yet
+        except (UpstreamError, UpstreamTimeout) as exc:
+            raise _unanswered(a, exc) from None
         a.first_byte(streamed=False)
         status = answer.status
         if self.stream is not None:
@@ -178,10 +172,8 @@ class _Forward:
         chunks = answer.chunks()
         try:
             first = await anext(chunks, b"")
-        except UpstreamTimeout as exc:
-            raise _timeout(a, exc) from None
-        except UpstreamError as exc:
-            raise _retry(a, "read_error", exc) from None
+        except (UpstreamError, UpstreamTimeout) as exc:
+            raise _unanswered(a, exc) from None
         if not first:
             raise _retry(a, "read_error", "the upstream closed the stream before any data")
         a.first_byte(streamed=True)
@@ -227,9 +219,15 @@ def _retry(a: Attempt, outcome: str, why: object) -> _Retry:
     return _Retry(outcome, why)
 
 
-def _timeout(a: Attempt, exc: BaseException) -> RequestError:
-    """The engine took the request and sent nothing for that long. It counts against the
-    backend (a hung engine is ejected like a dead one), but the request is not sent again."""
+def _unanswered(a: Attempt, exc: UpstreamError | UpstreamTimeout) -> Exception:
+    """A failure before any byte reached the client. A request that never reached the engine,
+    or got nothing whole back, goes to the next candidate. One the engine took and sent nothing
+    for that long is a 504: it counts against the backend (a hung engine is ejected like a
+    dead one), but the request is not sent again."""
+    if isinstance(exc, UpstreamConnectError | UpstreamConnectTimeout):
+        return _retry(a, "connect_error", exc)
+    if isinstance(exc, UpstreamError):
+        return _retry(a, "read_error", exc)
     a.failed("timeout", f"timeout: {exc}")
     limit = a.sched.settings.upstream_timeout_s
     log.warning("%s sent nothing for %gs: 504", a.backend, limit)
