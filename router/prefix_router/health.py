@@ -51,14 +51,14 @@ class HealthLoop:
         settings: HealthSettings,
         backends: BackendSet,
         load: LoadTracker,
-        store: PrefixIndex,
+        index: PrefixIndex,
         metrics: RouterMetrics,
         session: aiohttp.ClientSession,
     ) -> None:
         self._s = settings
         self._backends = backends
         self._load = load
-        self._store = store
+        self._index = index
         self._metrics = metrics
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=settings.probe_timeout_s)
@@ -146,6 +146,6 @@ class HealthLoop:
     async def _expire_loop(self) -> None:
         while True:
             await asyncio.sleep(5.0)
-            gone = self._store.expire()
+            gone = self._index.expire()
             if gone:
                 log.debug("expired %d table entries", gone)
