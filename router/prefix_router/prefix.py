@@ -12,6 +12,11 @@ import xxhash
 
 _xxh = xxhash.xxh3_64_intdigest
 
+# A prompt's key covers at most its first this many blocks (131,072 tokens in blocks of 16):
+# the index, the holds and the lookups of one request then cost a few milliseconds on the
+# event loop however long the prompt; prompts sharing more than that are not told apart.
+MAX_CHAIN_BLOCKS = 8192
+
 
 def chain_seed(model: str, salt: str | None) -> int:
     key = model if salt is None else f"{model}\x00{salt}"
@@ -19,12 +24,10 @@ def chain_seed(model: str, salt: str | None) -> int:
 
 
 def block_hashes(
-    canonical: bytes, block_bytes: int, seed: int, limit: int | None = None
+    canonical: bytes, block_bytes: int, seed: int, limit: int = MAX_CHAIN_BLOCKS
 ) -> list[int]:
     """Chained hashes of every full block (at most `limit` blocks)."""
-    n = len(canonical) // block_bytes
-    if limit is not None and n > limit:
-        n = limit
+    n = min(len(canonical) // block_bytes, limit)
     out: list[int] = []
     append = out.append
     h = seed
@@ -39,7 +42,7 @@ def extend_hashes(
     prefix_hashes: list[int], canonical: bytes, block_bytes: int, seed: int
 ) -> list[int]:
     """Hashes of `canonical`, reusing already computed hashes of its first blocks."""
-    n = len(canonical) // block_bytes
+    n = min(len(canonical) // block_bytes, MAX_CHAIN_BLOCKS)
     done = min(len(prefix_hashes), n)
     out = prefix_hashes[:done]
     h = out[-1] if out else seed

@@ -46,3 +46,13 @@ def test_extend_matches_full_hash():
     assert extend_hashes(block_hashes(first, 64, seed), full, 64, seed) == block_hashes(
         full, 64, seed
     )
+
+
+def test_a_prompt_is_keyed_by_its_first_blocks_only():
+    from prefix_router.prefix import MAX_CHAIN_BLOCKS
+
+    long = bytes(range(256)) * (MAX_CHAIN_BLOCKS // 2 + 10)  # 4 blocks of 64 per repeat
+    chain = block_hashes(long, 64, 1)
+    assert len(chain) == MAX_CHAIN_BLOCKS
+    assert chain == block_hashes(long[: 64 * MAX_CHAIN_BLOCKS], 64, 1)
+    assert extend_hashes(chain[:10], long, 64, 1) == chain
