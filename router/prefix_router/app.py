@@ -1,6 +1,6 @@
 """HTTP entry: the aiohttp application, its handlers and its lifecycle.
 
-A request's path, top to bottom: `completions` (here) -> parse_request (parsing.py) ->
+A request's path, top to bottom: `completions` (here) -> parse_for_routing (parsing.py) ->
 Scheduler.route (scheduling/: prefix key, index lookup, filters, scorers, picker) -> forward
 (proxy.py: one Attempt per backend tried, attempt.py: load and index records).
 """
@@ -25,7 +25,7 @@ from .health import HealthLoop
 from .load import LoadTracker
 from .metrics import RouterMetrics
 from .offload import Offload
-from .parsing import Kind, parse_request
+from .parsing import Kind, parse_for_routing
 from .proxy import forward
 from .scheduling import Scheduler
 from .store import Store, make_store
@@ -88,11 +88,10 @@ async def _completions(request: web.Request, kind: Kind) -> web.StreamResponse:
     sched = app[SCHEDULER]
     raw = await _read_body(request, s.max_body_bytes, s.body_timeout_s, sched.offload)
     salt = request.headers.get(s.salt_header) if s.salt_header else None
-    parsed = await sched.offload.run(len(raw), parse_request, raw, kind, salt, s.salt_header_wins)
-    if salt is not None and s.salt_header_wins and parsed.body.get("cache_salt") != salt:
-        # the engine isolates its cache by the body's salt: it gets the gateway's
-        parsed.body["cache_salt"] = salt
-        raw = json.dumps(parsed.body).encode()
+    # with a tokenizer the prompt's messages are rendered later: they must stay in this process
+    apart = sched.tokenizer is None
+    parsed, raw = await sched.offload.run(len(raw), parse_for_routing, raw, kind, salt,
+                                          s.salt_header_wins, apart, apart=apart)  # fmt: skip
     route = await sched.route(parsed)
     return await forward(request, route, raw, sched, app[UPSTREAM])
 
@@ -206,6 +205,7 @@ def build_app(settings: RouterSettings, discovery: Discovery | None = None) -> w
             await the_store.close()
             await upstream.close()
             await probes.close()
+            sched.offload.close()
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/v1/completions", completions, expect_handler=expect_continue)

@@ -4,6 +4,7 @@ and the log lines about clients' mistakes (without their bytes)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -45,6 +46,12 @@ class RequestError(Exception):
         self.retry_after = retry_after
         # The connection cannot carry another request (its body could not be read to its end).
         self.close = close
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # raised in the parsing process (offload.py) and re-raised here: keep every field
+        return (functools.partial(RequestError, param=self.param, code=self.code,
+                                  retry_after=self.retry_after, close=self.close),
+                (self.status, self.message))  # fmt: skip
 
 
 def error_body(

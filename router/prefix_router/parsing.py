@@ -135,6 +135,26 @@ def parse_request(
         ) from None
 
 
+def parse_for_routing(
+    raw: bytes, kind: Kind, salt_from_header: str | None, header_wins: bool, slim: bool
+) -> tuple[ParsedRequest, bytes]:
+    """The parsed request and the body to forward: with the gateway's salt in it where that
+    wins over the body's (the engine isolates its cache by the body's salt). `slim`: the
+    prompt's parts leave the parsed body (nothing after the canonical bytes reads them), so
+    little crosses back when this runs in another process (offload.py)."""
+    parsed = parse_request(raw, kind, salt_from_header, header_wins)
+    body = parsed.body
+    if salt_from_header is not None and header_wins and body.get("cache_salt") != salt_from_header:
+        body["cache_salt"] = salt_from_header
+        raw = json.dumps(body).encode()
+    if slim:
+        parsed.body = {k: v for k, v in body.items() if k not in _PROMPT_FIELDS}
+    return parsed, raw
+
+
+_PROMPT_FIELDS = frozenset(("messages", "prompt", "tools"))
+
+
 def _parse_body(
     body: Any, kind: Kind, salt_from_header: str | None, header_wins: bool
 ) -> ParsedRequest:
