@@ -238,10 +238,10 @@ def model_manifest(s: Settings, redis_url: str) -> dict[str, Any]:
                 "replicas": s.min_replicas, "minReplicas": s.min_replicas,
                 "maxReplicas": s.max_replicas,
                 "model": {"name": MODEL, "source": "meta-llama/Llama-3.1-70B-Instruct"},
-                # the engines are engine-sim processes (kwok pods stand for them) keyed in byte
-                # blocks: a custom engine, so the routers get no Hugging Face tokenizer to fetch
-                # and no KV-event index (the operator derives both for vLLM)
-                "engine": {"type": "custom"},
+                # the engines are engine-sim processes (kwok pods stand for them, their image
+                # never pulled) keyed in byte blocks: a custom engine, so the routers get no
+                # Hugging Face tokenizer to fetch and no KV-event index (derived for vLLM)
+                "engine": {"type": "custom", "image": "engine-sim"},
                 "router": {"kvCapacityTokens": s.kv_capacity_tokens},
                 "cacheStore": {"type": "external", "url": redis_url},
                 "autoscaling": {"enabled": True, "targetCachePressure": s.target_cache_pressure,

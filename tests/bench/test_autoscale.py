@@ -201,7 +201,7 @@ def test_model_manifest_carries_the_settings() -> None:
     spec = m["spec"]
     assert (spec["replicas"], spec["minReplicas"], spec["maxReplicas"]) == (1, 1, 4)
     assert spec["router"] == {"kvCapacityTokens": 1000}
-    assert spec["engine"] == {"type": "custom"}  # byte blocks, as the simulators key them
+    assert spec["engine"]["type"] == "custom"  # byte blocks, as the simulators key them
     assert spec["cacheStore"] == {"type": "external", "url": "redis://127.0.0.1:6390/0"}
     assert spec["autoscaling"] == {
         "enabled": True,
