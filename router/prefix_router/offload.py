@@ -7,13 +7,14 @@ cheaper than a hop and runs inline. Above it, it runs in a worker thread, one re
 time; the loop gets the GIL back every switch interval, except while the thread is inside one
 long C call (decoding a multi-megabyte JSON body is one). So work that is safe to run apart
 (a module-level function of picklable arguments) and above `process_threshold` goes to one
-worker process instead, started on first use: it shares no GIL with the loop at all.
+worker process instead: it shares no GIL with the loop at all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from typing import TypeVar
@@ -39,13 +40,21 @@ class Offload:
         if size < self.threshold:
             return fn(*args)
         if apart and size >= self.process_threshold:
-            if self._pool is None:
-                # spawned, not forked: this process has threads (the loop's, ZMQ's)
-                ctx = multiprocessing.get_context("spawn")
-                self._pool = ProcessPoolExecutor(max_workers=1, mp_context=ctx)
-            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+            return await asyncio.get_running_loop().run_in_executor(self._process(), fn, *args)
         async with self._one:
             return await asyncio.to_thread(fn, *args)
+
+    def _process(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            # spawned, not forked: this process has threads (the loop's, ZMQ's)
+            ctx = multiprocessing.get_context("spawn")
+            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=ctx)
+        return self._pool
+
+    async def start(self) -> None:
+        """Start the worker process now (about 40 MB): started by the first large body, its
+        start held the loop for up to ~150 ms, during what may be an attack."""
+        await asyncio.get_running_loop().run_in_executor(self._process(), os.getpid)
 
     def close(self) -> None:
         if self._pool is not None:
