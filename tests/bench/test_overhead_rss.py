@@ -18,7 +18,8 @@ async def test_requests_fill_the_router_table_and_its_memory_grows(fleet: Fleet)
     # the fill stops once the table holds the target: over it by at most one batch's
     # rounding (a prompt's blocks) and the block each answer's next-turn record adds
     assert entries < 20_000 * 1.02 + RSS_PROMPT_BLOCKS
-    assert empty["rss_mb"] > 20 and empty["processes"] == 1  # a router, not a bare interpreter
+    # a router, not a bare interpreter; its body-parsing worker processes are in its tree
+    assert empty["rss_mb"] > 20 and empty["processes"] >= 1
     assert memory_of(router.process.pid)["rss_mb"] > empty["rss_mb"]
 
 
