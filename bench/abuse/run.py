@@ -11,6 +11,7 @@ failure is the router's."""
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import inspect
 import json
@@ -121,32 +122,46 @@ def latency_summary(values: list[float], failures: int = 0) -> dict[str, Any]:
 
 @dataclass
 class Watch:
-    """The router watched while the round runs: GET /healthz every 50 ms on a kept-alive
-    connection of its own (each answer's latency kept under the phase it was asked in), and
-    its RSS and open descriptors from /proc every 250 ms (the highest kept)."""
+    """The router watched while the round runs: GET /healthz every 50 ms from a process of its
+    own (bench/abuse/probe.py; each answer's latency kept under the phase it was asked in),
+    and its RSS and open descriptors from /proc every 250 ms (the highest kept)."""
 
     url: str
     pid: int
-    phase: str = "attack: start"
     latencies: dict[str, list[float]] = field(default_factory=dict)
     failures: Counter[str] = field(default_factory=Counter)
     max_rss_mb: float = 0.0
     max_fds: int = 0
+    # (monotonic time, phase) at each change: a probe counts under the phase it began in
+    phases: list[tuple[float, str]] = field(default_factory=lambda: [(0.0, "attack: start")])
+
+    @property
+    def phase(self) -> str:
+        return self.phases[-1][1]
+
+    @phase.setter
+    def phase(self, name: str) -> None:
+        self.phases.append((time.monotonic(), name))
+
+    def _phase_at(self, t: float) -> str:
+        return self.phases[bisect.bisect_right(self.phases, (t, "\uffff")) - 1][1]
 
     async def healthz(self) -> None:
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as s:
-            while True:
-                phase, t0, ok = self.phase, time.perf_counter(), False
-                with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
-                    async with s.get(self.url + "/healthz", timeout=TIMEOUT) as r:
-                        await r.read()
-                        ok = r.status == 200
-                took = time.perf_counter() - t0
-                if ok:
-                    self.latencies.setdefault(phase, []).append(took)
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bench.abuse.probe", self.url, stdout=subprocess.PIPE)
+        assert child.stdout is not None
+        try:
+            while line := await child.stdout.readline():
+                t0, took, ok = line.split()
+                phase = self._phase_at(float(t0))
+                if ok == b"1":
+                    self.latencies.setdefault(phase, []).append(float(took))
                 else:
                     self.failures[phase] += 1
-                await asyncio.sleep(max(0.0, 0.05 - took))
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                child.kill()
+            await child.wait()
 
     async def proc(self) -> None:
         while True:

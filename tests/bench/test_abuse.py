@@ -264,3 +264,62 @@ def test_the_redis_bars() -> None:
     assert lost == (False, "1 times: network:MaxConnectionsError): routing on local state")
     assert verdict["no Redis command over 100 ms (one Redis serves every router)"][0] is False
     assert verdict["faults: Redis killed and back, nothing failed"][0] is True
+
+
+
+async def test_healthz_is_probed_from_another_process_and_counted_by_phase() -> None:
+    """The probe runs apart: this loop held (as building an attack holds it) lengthens no
+    probe of a router that is not held; and each probe counts under the phase it began in."""
+    import os
+    import threading
+    import time
+
+    from aiohttp import web
+    from waiting import until
+
+    from bench.abuse.run import Watch
+    from bench.harness.fleet import free_port
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    port, up, stop = free_port(), threading.Event(), threading.Event()
+
+    def serve() -> None:  # the "router": a loop of its own, in a thread
+        async def main() -> None:
+            app = web.Application()
+            app.router.add_get("/healthz", healthz)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            up.set()
+            await asyncio.to_thread(stop.wait)
+            await runner.cleanup()
+
+        asyncio.run(main())
+
+    server = threading.Thread(target=serve)
+    server.start()
+    assert up.wait(30)
+    watch = Watch(f"http://127.0.0.1:{port}", os.getpid())
+    task = asyncio.ensure_future(watch.healthz())
+
+    def probed(phase: str, n: int) -> bool:
+        return len(watch.latencies.get(phase, ())) >= n
+
+    try:
+        await until(lambda: probed("attack: start", 3), 30, "three probes", interval=0.01)
+        watch.phase = "attack: held"
+        # this loop held, as building an attack holds it; the server's is not
+        time.sleep(1.0)  # noqa: ASYNC251
+        await until(lambda: probed("attack: held", 5), 30, "probes of the held phase",
+                    interval=0.01)  # fmt: skip
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        stop.set()
+        server.join(30)
+    held = watch.latencies["attack: held"]
+    assert len(held) >= 15  # probes went on while this loop was held
+    assert max(held) < 0.5  # an in-process probe measured the whole second
+    assert set(watch.summary()) >= {"attack: start", "attack: held", "attack"}
