@@ -195,8 +195,6 @@ def build_app(settings: RouterSettings, discovery: Discovery | None = None) -> w
         await the_discovery.start(on_change)
         await health.probe_once()
         health.start()
-        if sched.tokenizer is None:  # with one, bodies are parsed in this process (app.py)
-            await sched.offload.start()
         try:
             yield
         finally:
