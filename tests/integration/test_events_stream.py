@@ -170,3 +170,31 @@ async def test_all_blocks_cleared_empties_the_engines_entries(wired) -> None:
     (feed,) = sub.feeds()
     await until(lambda: feed.last_seq == 1, "the clear")
     assert index.entries() == 0
+
+
+async def test_a_long_replay_lets_requests_through() -> None:
+    """An engine's replay buffer holds up to 10,000 batches: applied on joining (or to cover a
+    gap), they come in slices, and other work on the loop runs between them."""
+    from prefix_router.events.feed import EngineFeed
+
+    index = LocalIndex(16, 0, float("inf"), 100_000)
+    sub = EventSubscriber(EventSettings(), index, 16, lambda backend, lora: "m")
+    feed = EngineFeed(ENGINE, index, 16, lambda lora: "m")
+    ran = 0
+
+    async def other_work() -> None:
+        nonlocal ran
+        while True:
+            ran += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.ensure_future(other_work())
+    await asyncio.sleep(0)
+    try:
+        before = ran
+        await sub._apply_all(feed, [(i, b"\xc1") for i in range(1000)])  # 0xc1: never msgpack
+        assert ran - before >= 1000 // 64 - 1
+        assert (sub.errors, feed.last_seq) == (1000, 999)  # each counted, in order
+    finally:
+        task.cancel()
+        await sub.close()

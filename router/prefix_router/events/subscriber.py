@@ -26,6 +26,7 @@ from .wire import WireError, decode_batch
 log = logging.getLogger("prefix_router.events")
 
 _END = b"\xff" * 8  # the replay's end marker: sequence -1
+_SLICE = 64  # replayed batches applied between two chances for requests to run
 
 
 def endpoints(backend: str, s: EventSettings) -> tuple[str, str | None]:
@@ -122,8 +123,7 @@ class EventSubscriber:
         before this router listened (PUB/SUB drops what comes before a subscription takes),
         which an idle engine would otherwise never send again."""
         got = await self._replay(stream, 0, 2**63, partial=True)
-        for seq, payload in got or ():
-            self._apply(stream.feed, seq, payload)
+        await self._apply_all(stream.feed, got or ())
         stream.replayed = dict(got or ())
 
     async def _take(self, stream: _Stream, seq: int, payload: bytes) -> None:
@@ -145,9 +145,18 @@ class EventSubscriber:
                 log.warning("%s: events %d..%d lost and not replayed: its entries dropped",
                             feed.backend, start, seq - 1)  # fmt: skip
                 self._reset(feed)
-            for s, data in missed or ():
-                self._apply(feed, s, data)
+            await self._apply_all(feed, missed or ())
         self._apply(feed, seq, payload)
+
+    async def _apply_all(self, feed: EngineFeed, batches: list[tuple[int, bytes]] | tuple[()]
+                         ) -> None:  # fmt: skip
+        """Replayed batches, in order, letting requests through every `_SLICE` of them: a
+        replay buffer holds up to 10,000 batches (vLLM's default), and applying them in one go
+        held the loop for every request meanwhile."""
+        for i, (seq, payload) in enumerate(batches):
+            self._apply(feed, seq, payload)
+            if i % _SLICE == _SLICE - 1:
+                await asyncio.sleep(0)
 
     def _apply(self, feed: EngineFeed, seq: int, payload: bytes) -> None:
         try:
