@@ -119,9 +119,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def settle_gc(_port: int) -> None:
     """Once serving: what start-up made (modules, the tokenizer, the app) is never scanned
-    again, and collections come less often. A full collection over the events-mode router's
-    heap took 15-144 ms, each a stall of every request in flight; with this its routed p99 at
-    500 req/s went from 13.9-17.2 ms to 10.6-10.7 (bench/results/gc-ab/)."""
+    again, and collections come less often: a full collection over a large index stalls every
+    request in flight (measured in bench/results/gc-ab/)."""
     gc.freeze()
     gc.set_threshold(50_000, 50, 100)
 

@@ -46,9 +46,8 @@ class Offload:
     def _process(self) -> ProcessPoolExecutor:
         if self._pool is None:
             # Started by the first large body, not with the router: it costs ~30 MB that a
-            # router which never sees one should not carry (started at once, the 1,000,000-
-            # entry router measured 271 MB against 242). Spawned, not forked: this process
-            # has threads (the loop's, ZMQ's).
+            # router which never sees one should not carry (bench/results/overhead/).
+            # Spawned, not forked: this process has threads (the loop's, ZMQ's).
             ctx = multiprocessing.get_context("spawn")
             self._pool = ProcessPoolExecutor(max_workers=1, mp_context=ctx)
         return self._pool

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
 import zmq
@@ -148,8 +148,7 @@ class EventSubscriber:
             await self._apply_all(feed, missed or ())
         self._apply(feed, seq, payload)
 
-    async def _apply_all(self, feed: EngineFeed, batches: list[tuple[int, bytes]] | tuple[()]
-                         ) -> None:  # fmt: skip
+    async def _apply_all(self, feed: EngineFeed, batches: Sequence[tuple[int, bytes]]) -> None:
         """Replayed batches, in order, letting requests through every `_SLICE` of them: a
         replay buffer holds up to 10,000 batches (vLLM's default), and applying them in one go
         held the loop for every request meanwhile."""

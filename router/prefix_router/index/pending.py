@@ -88,31 +88,13 @@ class PendingIndex:
         held = self._held
         if not held or not hashes:
             return into
+        first = held.get((model, hashes[0]))
         out = into
-        alive: dict[str, int] | None = None
-        depth = 0
-        for h in hashes:
-            owners = held.get((model, h))
-            if not owners:
-                break
-            alive = owners if alive is None else {b: n for b, n in alive.items() if b in owners}
-            if not alive:
-                break
-            depth += 1
-            for b in alive:
-                if out.get(b, 0) < depth:
-                    if out is into:
-                        out = dict(into)
-                    out[b] = depth
-        n = len(hashes)
-        for b, d in list(out.items()):
-            deeper = d
-            while deeper < n:
-                owners = held.get((model, hashes[deeper]))
-                if owners is None or b not in owners:
-                    break
+        for b in (into.keys() | first.keys()) if first else into.keys():
+            depth = deeper = into.get(b, 0)
+            while deeper < len(hashes) and b in held.get((model, hashes[deeper]), ()):
                 deeper += 1
-            if deeper > d:
+            if deeper > depth:
                 if out is into:
                     out = dict(into)
                 out[b] = deeper
