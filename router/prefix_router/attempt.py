@@ -178,14 +178,7 @@ class Attempt:
             held = matched  # within the estimate's own error
         if held != matched:
             sched.metrics.count_correction("over" if held < matched else "under")
-        if held < matched and r.busy:
-            # another request of this prefix ran there: an engine whose sequences keep their
-            # KV to themselves (llama.cpp's slots) computes it again beside, dropping nothing
-            return
-        if (matched and r.age is not None) or held > matched:
-            # a miss the engine partly held: nothing to date, but it is larger than modelled
-            age = r.age if r.age is not None else 0.0
-            sched.index.learn(r.parsed.model, backend, age, matched, held)
+            sched.index.learn(r.parsed.model, backend, matched, held)
 
     def failed(self, outcome: str, why: str = "", at_fault: bool = True) -> None:
         """`outcome` names it in the request metrics; a failure the backend is at fault for

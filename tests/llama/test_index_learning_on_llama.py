@@ -6,9 +6,8 @@ benchmark (bench/results/real-engine/README.md):
   prompt shared 9-15 tokens past a block boundary must not read as one block more held
   ("under"): the engine's count is floored to whole blocks.
 - llama-server's slots keep their KV to themselves: a request for a prompt that a busy slot
-  holds is computed in full in another slot. That miss must not teach the router that the
-  server dropped a block used milliseconds before (learning.py's keep time), or it forgets
-  every prefix the server still holds."""
+  holds is computed in full in another slot. That miss must not make the router forget the
+  prefixes the server still holds (a keep time learned from such misses did: learning.py)."""
 
 from __future__ import annotations
 

@@ -95,7 +95,7 @@ async def test_a_shared_prefix_lands_on_its_owner_and_the_counts_agree(routed) -
     assert counter(text, "prefix_router_backend_healthy", f'{{backend="{owner}"}}') == 1.0
 
 
-async def test_an_engine_that_held_less_than_predicted_corrects_the_index(routed) -> None:
+async def test_an_engine_that_held_less_than_predicted_is_counted(routed) -> None:
     env = routed
     sched = env["app"][SCHEDULER]
     owner, _, _ = await ask(env, chat("first question"))

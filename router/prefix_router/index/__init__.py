@@ -38,13 +38,9 @@ class PrefixIndex(Protocol):
         """Seconds since a full backend's coldest block was used (infinity: it has room)."""
         ...
 
-    def age(self, model: str, backend: str, h: int) -> float | None:
-        """Seconds since `backend`'s block `h` was last used (None: not known here)."""
-        ...
-
-    def learn(self, model: str, backend: str, age: float, predicted: int, held: int) -> bool:
-        """An engine's answer says it held `held` of the `predicted` leading blocks, the
-        deepest of which was `age` seconds unused (index/learning.py)."""
+    def learn(self, model: str, backend: str, predicted: int, held: int) -> bool:
+        """An engine's answer says it held `held` of the `predicted` leading blocks
+        (index/learning.py)."""
         ...
 
     def resize(self, block_tokens: float) -> None:

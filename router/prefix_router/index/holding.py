@@ -1,5 +1,5 @@
 """What one backend holds in an ownership table (table.py): its blocks in LRU order with their
-last use, and what its engine was learned to keep (learning.py). Pure."""
+last use, and the capacity its engine was learned to have (learning.py). Pure."""
 
 from __future__ import annotations
 
@@ -12,14 +12,13 @@ FULL = 0.95
 
 
 class Holding:
-    __slots__ = ("capacity", "keep_s", "lru", "name", "slot")
+    __slots__ = ("capacity", "lru", "name", "slot")
 
     def __init__(self, name: str, slot: int) -> None:
         self.name = name
         self.slot = slot  # its bit in the table's owner masks
         self.lru: OrderedDict[int, float] = OrderedDict()  # block -> last use, oldest first
         self.capacity = 0  # blocks its engine was learned to hold (0: the table's setting)
-        self.keep_s = float("inf")  # longest its engine keeps an unused block (inf: the TTL)
 
     def depth(self, hashes: Sequence[int], depth: int, cutoff: float, now: float) -> int:
         """How many of the first `depth` blocks of `hashes` it still holds: none last used at

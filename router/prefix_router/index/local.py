@@ -56,18 +56,12 @@ class LocalIndex:
         if t is not None:
             t.truncate(hashes, backend, keep)
 
-    def age(self, model: str, backend: str, h: int) -> float | None:
-        """Seconds since `backend`'s block `h` was last used, if the index has it."""
-        t = self._tables.get(model)
-        used = t.last_use(backend, h) if t is not None else None
-        return None if used is None else max(self._clock() - used, 0.0)
-
-    def learn(self, model: str, backend: str, age: float, predicted: int, held: int) -> bool:
+    def learn(self, model: str, backend: str, predicted: int, held: int) -> bool:
         """An answer's evidence of what `backend` held (learning.py); True when it moved the
         index's model of that engine."""
         engine = self._engines.setdefault(backend, EngineCache())
         full = self.occupancy(model, backend) >= 0.95
-        if not engine.observe(age, predicted, held, full):
+        if not engine.observe(predicted, held, full):
             return False
         for t in self._tables.values():
             self._limit(t, backend, engine)
@@ -75,7 +69,7 @@ class LocalIndex:
 
     def _limit(self, t: OwnershipTable, backend: str, engine: EngineCache) -> None:
         base = self._capacity / self._block_tokens if self._capacity > 0 else 0
-        t.limit(backend, int(base * engine.scale), engine.keep_s)
+        t.limit(backend, int(base * engine.scale))
 
     def resize(self, block_tokens: float) -> None:
         """A block holds this many engine tokens now (sizing.py)."""

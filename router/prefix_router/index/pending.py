@@ -67,10 +67,6 @@ class PendingIndex:
             _when, model, hashes, backend = heapq.heappop(due)
             self.release(model, hashes, backend)
 
-    def holds(self, model: str, h: int, backend: str) -> bool:
-        owners = self._held.get((model, h))
-        return owners is not None and backend in owners
-
     def drop_backend(self, backend: str) -> None:
         """Forget every hold on `backend` (its engine's cache was emptied)."""
         for key in [k for k, owners in self._held.items() if backend in owners]:

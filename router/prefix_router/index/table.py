@@ -98,10 +98,6 @@ class OwnershipTable:
         """Blocks the backend may hold (0: no limit)."""
         return holding.capacity or self._capacity_blocks
 
-    def _cutoff(self, holding: Holding, now: float) -> float:
-        """Blocks last used at or before this are no longer held."""
-        return now - min(self._ttl, holding.keep_s)
-
     # -- queries ----------------------------------------------------------------------------
     def match(self, hashes: Sequence[int], now: float | None = None) -> dict[str, int]:
         """Number of leading blocks of `hashes` each backend owns (backends with 0 left out).
@@ -126,10 +122,10 @@ class OwnershipTable:
             if alive and depth:
                 self._credit(alive, depth, result)
         if now is not None and result:
-            # blocks past the TTL, or past what the engine is known to keep, are not held
+            # blocks past the TTL are not held
+            cutoff = now - self._ttl
             for name, d in list(result.items()):
-                holding = self._held[name]
-                d = holding.depth(hashes, d, self._cutoff(holding, now), now)
+                d = self._held[name].depth(hashes, d, cutoff, now)
                 if d:
                     result[name] = d
                 else:
@@ -148,10 +144,6 @@ class OwnershipTable:
     def owned_blocks(self, backend: str) -> int:
         holding = self._held.get(backend)
         return len(holding.lru) if holding is not None else 0
-
-    def last_use(self, backend: str, block: int) -> float | None:
-        holding = self._held.get(backend)
-        return holding.lru.get(block) if holding is not None else None
 
     def fill(self, backend: str) -> float:
         """The share of the backend's capacity its blocks take (0 with no capacity set)."""
@@ -249,20 +241,19 @@ class OwnershipTable:
         if self._capacity_tokens > 0:
             self._capacity_blocks = max(1, int(self._capacity_tokens / block_tokens))
 
-    def limit(self, backend: str, capacity_blocks: int, keep_s: float) -> None:
+    def limit(self, backend: str, capacity_blocks: int) -> None:
         """What `backend`'s engine was learned to hold: at most `capacity_blocks` (0: the
-        configured capacity), each unused block for at most `keep_s` seconds."""
+        configured capacity)."""
         holding = self._holding(backend)
         holding.capacity = capacity_blocks
-        holding.keep_s = keep_s
         self._trim(holding)
 
     def expire(self, now: float) -> int:
-        """Drop entries unused for longer than the TTL, or than their engine keeps them.
-        Returns how many went."""
+        """Drop entries unused for longer than the TTL. Returns how many went."""
         gone = 0
+        cutoff = now - self._ttl
         for holding in self._held.values():
-            n = holding.stale(self._cutoff(holding, now))
+            n = holding.stale(cutoff)
             if n:
                 self._evict(holding, n)
                 gone += n

@@ -54,22 +54,13 @@ class Capacity:
             return float("inf")
         return max(self._wall() - held[1], 0.0)
 
-    def learn(self, model: str, backend: str, age: float, predicted: int, held: int) -> bool:
+    def learn(self, model: str, backend: str, predicted: int, held: int) -> bool:
         engine = self.engines.setdefault(backend, EngineCache())
         full = self.occupancy(model, backend) >= FULL
-        if not engine.observe(age, predicted, held, full):
+        if not engine.observe(predicted, held, full):
             return False
         self._learned[backend] = int(self.blocks * engine.scale)
         return True
-
-    def cutoffs(self) -> list[object]:
-        """(backend, oldest last use its engine still holds) pairs for the lookup script."""
-        now = self._wall()
-        out: list[object] = []
-        for b, e in self.engines.items():
-            if e.keep_s < float("inf"):
-                out += (b, now - e.keep_s)
-        return out
 
     def drop(self, backend: str) -> None:
         self.engines.pop(backend, None)

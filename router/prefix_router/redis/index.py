@@ -80,8 +80,6 @@ class SharedIndex:
         self.slow_lookups = 0
         self.models: set[str] = set()
         self.capacity = capacity
-        # (model, block, backend) -> last use (unix s) of the deepest block a lookup found
-        self._used: dict[tuple[str, int, str], float] = {}
 
     # -- reads ------------------------------------------------------------------------------
     async def lookup(self, model: str, hashes: Sequence[int]) -> dict[str, int]:
@@ -119,7 +117,6 @@ class SharedIndex:
         link = self._link
         args = (
             *self._peers.lookup_args(), self._keys.owners_prefix(model), chain_hex(hashes),
-            *self.capacity.cutoffs(),
         )
         staged: Staged | None = None
         try:
@@ -179,12 +176,8 @@ class SharedIndex:
         flat, load = reply
         shared: dict[str, int] = {}
         model = key[0]
-        if len(self._used) > MAX_NEAR:
-            self._used.clear()
-        for i in range(0, len(flat), 3):
-            b, depth = str(flat[i]), int(flat[i + 1])
-            shared[b] = depth
-            self._used[(model, hashes[depth - 1], b)] = float(flat[i + 2])
+        for i in range(0, len(flat), 2):
+            shared[str(flat[i])] = int(flat[i + 1])
         self._peers.take_remote(load)
         if shared:
             # what the shared table knows of this chain goes into the local one too, so a
@@ -214,14 +207,10 @@ class SharedIndex:
             return
         self._take_reply(call.result(), key, self._clock(), hashes)
 
-    def age(self, model: str, backend: str, h: int) -> float | None:
-        used = self._used.get((model, h, backend))
-        return None if used is None else max(self._wall() - used, 0.0)
-
-    def learn(self, model: str, backend: str, age: float, predicted: int, held: int) -> bool:
-        if not self.capacity.learn(model, backend, age, predicted, held):
+    def learn(self, model: str, backend: str, predicted: int, held: int) -> bool:
+        if not self.capacity.learn(model, backend, predicted, held):
             return False
-        self._local.learn(model, backend, age, predicted, held)
+        self._local.learn(model, backend, predicted, held)
         self._near.clear()
         return True
 

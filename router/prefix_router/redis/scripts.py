@@ -48,20 +48,14 @@ local load = {}
 for f, n in pairs(sum) do load[#load + 1] = f; load[#load + 1] = n end
 """
 
-# ARGV[4] the model's owners key prefix, ARGV[5] the chain, then pairs of a backend and the
-# oldest last use of a block its engine still holds (index/learning.py). Per owner: its depth
-# and the last use of its deepest block. The other routers' load rides along, so every
-# decision sees the load all routers put on each backend, at no extra round trip.
+# ARGV[4] the model's owners key prefix, ARGV[5] the chain. Per owner: its depth. The other
+# routers' load rides along, so every decision sees the load all routers put on each backend,
+# at no extra round trip.
 LOOKUP = _lua("""
 local ob, chain = ARGV[4], ARGV[5]
 local n = #chain / 16
-local cut = {}
-for i = 6, #ARGV, 2 do cut[ARGV[i]] = tonumber(ARGV[i + 1]) end
 local function key(i) return ob .. string.sub(chain, 16 * i - 15, 16 * i) end
-local function held(i, b)
-  local used = redis.call('HGET', key(i), b)
-  return used and (cut[b] == nil or tonumber(used) > cut[b])
-end
+local function held(i, b) return redis.call('HEXISTS', key(i), b) == 1 end
 local out = {}
 if n > 0 then
   for _, b in ipairs(redis.call('HKEYS', key(1))) do
@@ -71,7 +65,7 @@ if n > 0 then
         local mid = math.floor((lo + hi) / 2)
         if held(mid, b) then lo = mid else hi = mid end
       end
-      out[#out + 1] = b; out[#out + 1] = lo; out[#out + 1] = redis.call('HGET', key(lo), b)
+      out[#out + 1] = b; out[#out + 1] = lo
     end
   end
 end

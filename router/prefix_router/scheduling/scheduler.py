@@ -49,10 +49,6 @@ class Route:
     prompt_tokens: float
     decision: Decision
     started: float  # time.perf_counter() when routing began
-    # seconds the decided backend's deepest matched block had gone unused (None: a miss, or
-    # a match the index cannot date): what its answer's cached tokens are evidence about
-    age: float | None = None
-    busy: bool = False  # another request of this prefix was in flight on that backend
 
 
 class Scheduler:
@@ -148,11 +144,7 @@ class Scheduler:
                 ",".join(f"{c.name}:{c.in_flight:.0f}/{c.matched_blocks}" for c in cands),
             )
         prompt_tokens = self.sizing.prompt_tokens(len(canonical))
-        age, busy = None, False
-        if decision.matched_blocks and profile.uses_index:
-            age = self.index.age(model, decision.backend, hashes[decision.matched_blocks - 1])
-            busy = self.pending.holds(model, hashes[0], decision.backend)
-        return Route(parsed, seed, hashes, prompt_tokens, decision, started, age, busy)
+        return Route(parsed, seed, hashes, prompt_tokens, decision, started)
 
     def _key(self, parsed: ParsedRequest, seed: int, backends: list[Backend]) -> list[int]:
         """The prompt's chain of block hashes (token ids first, with a tokenizer), once it is
