@@ -220,7 +220,7 @@ LLAMA_FLEET = (
     "Our router (`prefix`) keys prefixes by the engine's token ids (`tokenizer`: the tiny "
     "tokenizer), index `corrected` (the default), told 8,800 tokens a server; sglang-router "
     "0.3.2 cache_aware with its documented defaults; round-robin is our router's profile. Why "
-    "ours is behind sglang here, measured, and the fix proposed: `causes.md` beside this file")
+    "ours trailed sglang here, measured, and the two fixes: `causes.md` beside this file")
 
 
 def _best(ours: str) -> tuple[Rule, ...]:
