@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from .holding import FULL
 from .learning import EngineCache
 from .table import OwnershipTable
 
@@ -60,7 +61,7 @@ class LocalIndex:
         """An answer's evidence of what `backend` held (learning.py); True when it moved the
         index's model of that engine."""
         engine = self._engines.setdefault(backend, EngineCache())
-        full = self.occupancy(model, backend) >= 0.95
+        full = self.occupancy(model, backend) >= FULL
         if not engine.observe(predicted, held, full):
             return False
         for t in self._tables.values():
