@@ -81,7 +81,6 @@ class RouterSpec(_Spec):
     load_slack: float = 6.0
     load_cost_tokens: float = 64.0
     step_wait_tokens_per_ms: float = 30.0
-    replicate_rate: float = 1.0
     max_owners: int = 0
     ttl_seconds: int = 600
     kv_capacity_tokens: int = 0

@@ -160,7 +160,7 @@ def build_app(settings: RouterSettings, discovery: Discovery | None = None) -> w
     metrics_ = RouterMetrics()
     sched = app[SCHEDULER] = Scheduler(
         settings, backends, the_store.index, load, metrics_,
-        routers=the_store.routers, observe=the_store.observe, requested=the_store.requested,
+        observe=the_store.observe, requested=the_store.requested,
     )
     backends.on_gone(the_store.index.drop_backend)
     backends.on_gone(load.forget)

@@ -164,10 +164,6 @@ class RouterSettings(_Strict):
     pending_weight: float = Field(default=0.5, ge=0)
     evict_weight: float = Field(default=1.0, ge=0)
     step_wait_tokens_per_ms: float = Field(default=30.0, ge=0)
-    # A shared prefix gets one more owner for every this many requests a second it gets
-    # (0 = copies only when its owners reach the load bound). With a shared store the demand
-    # is what this router sees times the live routers, so it means the same for any number.
-    replicate_rate: float = Field(default=1.0, ge=0)
     # At most this many owners recorded per block (0 = no limit).
     max_owners: int = Field(default=0, ge=0)
     ttl_seconds: float = Field(default=600.0, gt=0)

@@ -31,10 +31,6 @@ class Store:
     def __init__(self, index: PrefixIndex) -> None:
         self.index = index
 
-    def routers(self) -> int:
-        """Live router replicas sharing the index, this one included."""
-        return 1
-
     # (prompt tokens, predicted cached tokens) of each request served, for the figures
     observe: Callable[[float, float], None] | None = None
 

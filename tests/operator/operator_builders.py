@@ -41,7 +41,7 @@ FULL_SPEC: dict[str, Any] = {
                                    "effect": "NoSchedule"}]},
     "router": {"replicas": 3, "image": "registry.local/router:dev", "blockSize": 32,
                "loadBound": 0.5, "loadSlack": 4, "loadCostTokens": 100, "maxOwners": 3,
-               "stepWaitTokensPerMs": 25, "replicateRate": 2.5,
+               "stepWaitTokensPerMs": 25,
                "ttlSeconds": 120,
                "kvCapacityTokens": 500000, "bytesPerToken": 3.5, "cpu": "1",
                "memory": "1Gi"},

@@ -195,7 +195,7 @@ def test_router_config_follows_the_router_contract() -> None:
     assert settings.model_key == "ml/llama"
     assert settings.load_bound == 0.5 and settings.max_owners == 3
     assert settings.load_slack == 4 and settings.load_cost_tokens == 100
-    assert settings.step_wait_tokens_per_ms == 25 and settings.replicate_rate == 2.5
+    assert settings.step_wait_tokens_per_ms == 25
     assert settings.ttl_seconds == 120 and settings.kv_capacity_tokens == 500000
     assert settings.discovery.mode == "kubernetes"
     assert settings.discovery.service == "llama-model-server"

@@ -137,7 +137,6 @@ async def test_a_backend_that_leaves_is_gone_for_every_router(redis_server):
 
 async def test_load_is_shared_and_a_dead_router_stops_counting(redis_server):
     clock, a, b, la, lb = await pair(redis_server.url)
-    assert (a.routers(), b.routers()) == (1, 1)  # before the first heartbeat
     try:
         for _ in range(4):
             la.start("http://e1", 0)
@@ -145,14 +144,10 @@ async def test_load_is_shared_and_a_dead_router_stops_counting(redis_server):
         await b.heartbeat()
         assert lb.inflight("http://e1") == 4
         assert la.inflight("http://e1") == 4  # its own, not doubled
-        await a.heartbeat()
-        # each counts both routers, itself included (a prefix's demand is ~2 x what one sees)
-        assert (a.routers(), b.routers()) == (2, 2)
         await a.close()  # router A dies with 4 requests "in flight"
         clock.advance(b.peers.lease_s + 0.5)  # its lease runs out
         await b.heartbeat()
         assert lb.inflight("http://e1") == 0
-        assert b.routers() == 1
     finally:
         await b.close()
 

@@ -65,8 +65,10 @@ async def test_one_shared_system_prompt_gets_no_monopoly(make_scheduler):
     system = "You are a careful assistant. " * (SYSTEM_BYTES // 29)
     in_flight: list[Attempt] = []
     served: Counter[str] = Counter()
+    most = 0
     for i in range(400):
         limit = _limit(sched)
+        most = max(most, limit)
         _route, attempt = await _send(sched, system, f"question {i}")
         backend = attempt.backend
         assert sched.load.inflight(backend) <= limit  # counted this one: within the bound
@@ -75,7 +77,8 @@ async def test_one_shared_system_prompt_gets_no_monopoly(make_scheduler):
         if len(in_flight) > 40:  # the oldest finishes: load stays ~40 in flight
             _done(in_flight.pop(0))
     assert len(served) >= 4, served
-    assert max(served.values()) / (400 / 8) <= 2.0, served
+    # holding at most `limit` of the ~40 in flight, a backend serves at most that share
+    assert max(served.values()) <= 400 * most / 40, (served, most)
 
 
 async def test_overflow_keeps_affinity_to_a_partial_owner(make_scheduler):

@@ -6,7 +6,7 @@ drives time by calling a job's tick instead of sleeping:
   index.py      the shared index (lookups, near-cache, budget)
   capacity.py   each backend's capacity and cache fill, shared and learned
   writeback.py  the write-back queue (records, truncations, drops, working-set hashes)
-  peers.py      this router's load for the others, theirs read back, live routers
+  peers.py      this router's load for the others, theirs read back
   figures.py    the figures for the operator and the autoscaler
   link.py       the connection, down/up, reconnection
 The scripts touch keys computed from a prefix, so this needs a single Redis (or a cluster
@@ -70,9 +70,6 @@ class SharedStore(Store):
         self.timer_round_trips = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
-
-    def routers(self) -> int:
-        return self.peers.routers()
 
     def requested(self, model: str, hashes: list[int]) -> None:
         self.writes.add_working_set(hashes)

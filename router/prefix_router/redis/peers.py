@@ -1,12 +1,11 @@
-"""The other router replicas: this router's load published for them, theirs read back, and
-how many of them are alive.
+"""The other router replicas: this router's load published for them, theirs read back.
 
 Each router keeps one hash of its load (requests in flight and pending prefill per backend)
 whose expiry is its lease: a dead router's load disappears by itself. A change of this
 router's load goes out within one flush period: a request's prefill lasts ~100 ms, so a load
 older than that shows the other routers a backend idle that this one has just filled, and
 they pile onto it. Lookups bring the others' load back with each request; the heartbeat keeps
-it current when requests are rare and counts the live routers.
+it current when requests are rare.
 """
 
 from __future__ import annotations
@@ -37,12 +36,6 @@ class Peers:
         self._wall = wall
         self._published: dict[str, tuple[int, int]] | None = None  # load as last published
         self._version = -1  # the load's version at that publication
-        self._count = 1  # live routers, as last counted
-
-    def routers(self) -> int:
-        """Live routers sharing the store, this one included; 1 while Redis is down (each
-        router then routes on its own, and its own demand is all it sees)."""
-        return 1 if self._link.down else self._count
 
     def load_changed(self) -> bool:
         return self._published is None or self._load.version != self._version
@@ -84,20 +77,17 @@ class Peers:
         self._load.set_remote(in_flight, pending)
 
     async def heartbeat(self) -> None:
-        """Renew the lease (republished even if unchanged), forget dead routers, count the
-        live ones and read their load."""
+        """Renew the lease (republished even if unchanged), forget dead routers and read
+        the live ones' load."""
         link, routers = self._link, self._keys.routers
         pipe = link.pipeline()
         self.stage_load(pipe, force=True)
         now = self._wall()
         pipe.zremrangebyscore(routers, "-inf", now - self.lease_s)
-        pipe.zcount(routers, now - self.lease_s, "+inf")
         link.evalsha(pipe, "loads", *self.lookup_args())
         try:
             res = await pipe.execute()
         except BaseException:
             self.unpublish()
             raise
-        # this router's own heartbeat is in the same pipeline, so it counts itself
-        self._count = max(int(res[-2]), 1)
         self.take_remote(res[-1])

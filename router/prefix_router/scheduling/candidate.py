@@ -26,7 +26,6 @@ class Ask:
     key: int  # identity of the prefix (its first block's hash): rendezvous tie-breaks
     prompt_blocks: int = 0  # full blocks in the prompt
     best_match: int = 0  # the most leading blocks any candidate holds
-    replicate: bool = False  # the prefix's demand wants one more owner (demand.py)
     now: float = 0.0  # the scheduler's clock, for scorers that read a rhythm
 
 

@@ -16,16 +16,14 @@ def rendezvous(key: int, name: str) -> int:
     return _xxh(name.encode(), key & 0xFFFFFFFFFFFFFFFF)
 
 
-def reason(matched: int, best_match: int, replicated: bool, owner_held: bool) -> str:
+def reason(matched: int, best_match: int, owner_held: bool) -> str:
     """Why the request went to a backend holding `matched` leading blocks, for a profile that
     knows prefixes (the others' decisions are all `balanced`).
 
     hit: to a backend holding the longest match. miss: nobody holds any of it. replicated:
-    the prefix gets one more owner, for its demand or because its owners are over the load
-    bound. overflow: an owner was within the bound but too loaded to be worth it.
+    the prefix gets one more owner because its owners are over the load bound. overflow: an
+    owner was within the bound but too loaded to be worth it.
     """
-    if replicated:
-        return "replicated"
     if best_match == 0:
         return "miss"
     if matched == best_match:
@@ -38,8 +36,6 @@ def max_score(within: list[Candidate], held: list[Candidate], ask: Ask) -> Decis
 
     Ties: fewer in flight, then the emptier cache (a new prefix there evicts less that is
     still wanted), then a rendezvous hash of the prefix, so ties spread instead of piling up.
-    When the prefix's demand wants one more owner, the best backend within the bound that
-    does not hold all of it takes the request and becomes one.
     """
     key = ask.key
 
@@ -49,16 +45,10 @@ def max_score(within: list[Candidate], held: list[Candidate], ask: Ask) -> Decis
     within.sort(key=rank, reverse=True)
     held.sort(key=rank, reverse=True)
     best = ask.best_match
-    grow = None
-    if ask.replicate and best:
-        grow = next((c for c in within if c.matched_blocks < best), None)
-        if grow is not None:
-            within.remove(grow)
-            within.insert(0, grow)
     chosen = within[0] if within else held[0]
     order = [c.name for c in within[1:]] + [c.name for c in held]
     owner_held = any(c.matched_blocks == best for c in held)
-    why = reason(chosen.matched_blocks, best, grow is not None, owner_held)
+    why = reason(chosen.matched_blocks, best, owner_held)
     return Decision(chosen.name, why, chosen.matched_blocks, order)
 
 
@@ -68,5 +58,5 @@ def ring_walk(cands: Sequence[Candidate], walk: Sequence[str], limit: float) -> 
     i = next((i for i, n in enumerate(walk) if by_name[n].in_flight + 1 <= limit), 0)
     chosen = by_name[walk[i]]
     # chwbl's "owner" is the ring's first backend for the prompt's head
-    why = reason(1 if i == 0 else 0, 1, False, False)
+    why = reason(1 if i == 0 else 0, 1, False)
     return Decision(chosen.name, why, 0, list(walk[i + 1 :]) + list(walk[:i]))

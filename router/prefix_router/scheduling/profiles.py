@@ -3,8 +3,7 @@
 prefix (ours): among the backends within the load bound (at most max(ceil((1 + eps) x mean),
   mean + slack) in flight after this request), the one with the highest sum of scores in
   prefill tokens: the match it holds, minus its in-flight load, pending prefill, the eviction
-  a new prefix would cause and, among the match's holders, the wait for its engine step. A
-  prefix in demand gets one more owner per `replicate_rate` requests a second.
+  a new prefix would cause and, among the match's holders, the wait for its engine step.
 least-loaded: fewest in flight, then least pending prefill, then at random.
 round-robin: each backend in turn. random: uniformly at random.
 chwbl: consistent hashing with bounded loads on the prompt's first 100 bytes, as KubeAI does:

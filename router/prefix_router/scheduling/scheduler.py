@@ -28,7 +28,6 @@ from ..parsing import ParsedRequest, next_turn_canonical
 from ..prefix import block_hashes, chain_seed
 from ..sizing import Sizing
 from .candidate import Ask, Candidate, Decision
-from .demand import Demand, wants_another_owner
 from .filters import serving
 from .profiles import PROFILES
 from .scorers import Signals
@@ -59,7 +58,6 @@ class Scheduler:
         index: PrefixIndex,
         load: LoadTracker,
         metrics: RouterMetrics,
-        routers: Callable[[], int] = lambda: 1,
         observe: Callable[[float, float], None] | None = None,
         requested: Callable[[str, list[int]], None] | None = None,
         rng: random.Random | None = None,
@@ -70,9 +68,6 @@ class Scheduler:
         self.index = index
         self.load = load
         self.metrics = metrics
-        # live router replicas sharing the index: a Service spreads requests over them, so
-        # this one sees about 1/routers of each prefix's demand
-        self.routers = routers
         # (prompt tokens, predicted cached tokens) of each request served: the figures a
         # shared store publishes for the autoscaler (none without one)
         self.observe = observe
@@ -82,7 +77,6 @@ class Scheduler:
         self.pending = PendingIndex()  # chains sent, not yet answered
         # with the engines' events: chains answered whose events have not come yet
         self.speculative = PendingIndex()
-        self.demand = Demand()
         self.signals = Signals()
         self._rng = rng or random.Random()
         self.profile = PROFILES[settings.policy](settings, self.signals, self._rng)
@@ -186,15 +180,7 @@ class Scheduler:
             c.occupancy = index.occupancy(model, c.name)
             c.tail_age = index.tail_age(model, c.name)
         key = hashes[0] if hashes else self._rng.getrandbits(64)
-        replicate = False
-        s = self.settings
-        if best and s.replicate_rate:
-            hot = hashes[best - 1]
-            self.demand.observe(hot, now)
-            owners = sum(1 for c in cands if c.matched_blocks >= best)
-            rate = self.demand.rate(hot, now) * self.routers()
-            replicate = wants_another_owner(rate, owners, s.replicate_rate, s.max_owners)
-        return Ask(key, len(hashes), best, replicate, now)
+        return Ask(key, len(hashes), best, now)
 
     def model_of(self, backend: str) -> str | None:
         """The model a backend serves, when that is one model (its KV events do not say)."""

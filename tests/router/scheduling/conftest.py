@@ -19,7 +19,6 @@ OFF: dict[str, Any] = {
     "pending_weight": 1.0,
     "evict_weight": 0.0,
     "step_wait_tokens_per_ms": 0.0,
-    "replicate_rate": 0.0,
 }
 
 
@@ -31,7 +30,6 @@ def choose(
     cands: list[Candidate],
     *,
     key: int = 7,
-    replicate: bool = False,
     prompt_blocks: int = 0,
     signals: Signals | None = None,
     now: float = 0.0,
@@ -41,4 +39,4 @@ def choose(
     s = settings(policy=policy, **changes)
     profile = PROFILES[policy](s, signals or Signals(), random.Random(0))
     best = max((c.matched_blocks for c in cands), default=0)
-    return profile.choose(list(cands), Ask(key, prompt_blocks, best, replicate, now))
+    return profile.choose(list(cands), Ask(key, prompt_blocks, best, now))
