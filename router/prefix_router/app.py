@@ -22,6 +22,7 @@ from .discovery import Discovery, FileDiscovery, StaticDiscovery
 from .encoding import inflate
 from .errors import CLIENT_MISTAKES, RequestError, errors_as_json, expect_continue, server_header
 from .health import HealthLoop
+from .index.events import EventsIndex
 from .load import LoadTracker
 from .metrics import RouterMetrics
 from .offload import Offload
@@ -184,8 +185,10 @@ def build_app(settings: RouterSettings, discovery: Discovery | None = None) -> w
         if settings.index == "events":
             from .events.subscriber import EventSubscriber  # pyzmq: only where events are read
 
+            index = the_store.index
+            assert isinstance(index, EventsIndex)  # store.local_index makes it for events
             events = EventSubscriber(
-                settings.events, the_store.index, settings.block_size,
+                settings.events, index, settings.block_size,
                 lambda backend, lora: lora or sched.model_of(backend),
                 sched.speculative.drop_backend,
                 lambda backend, model, keys: sched.speculative.settle(model, keys, backend),

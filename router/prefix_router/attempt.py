@@ -122,6 +122,7 @@ class Attempt:
             # only the blocks the index did not have here: the rest it knows from the
             # engine's events already (lookups carry a hold on from the index's depth)
             start = known or (d.matched_blocks if self.backend == d.backend else 0)
+            sched.index.touch(r.parsed.model, hashes[:start], self.backend)
             until = sched.clock() + s.events.speculative_s
             sched.speculative.hold_until(r.parsed.model, hashes[start:], self.backend, until)
             return

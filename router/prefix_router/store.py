@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from .config import RouterSettings
 from .index import PrefixIndex
+from .index.events import EventsIndex
 from .index.local import LocalIndex
 from .load import LoadTracker
 
@@ -49,8 +50,7 @@ class Store:
 
 def local_index(s: RouterSettings) -> LocalIndex:
     if s.index == "events":
-        # what the engines report, kept until they report it gone: no capacity model, no TTL
-        return LocalIndex(s.block_size, 0, float("inf"), s.max_table_entries, s.max_owners)
+        return EventsIndex(s.block_size, s.max_table_entries, s.max_owners)
     return LocalIndex(
         s.block_size, s.kv_capacity_tokens, s.ttl_seconds, s.max_table_entries, s.max_owners
     )

@@ -17,7 +17,7 @@ import zmq.asyncio
 
 from prefix_router.config import EventSettings
 from prefix_router.events.subscriber import EventSubscriber
-from prefix_router.index.local import LocalIndex
+from prefix_router.index.events import EventsIndex
 from prefix_router.prefix import block_hashes, chain_seed
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "vllm-kv-events" / "0.34.0-map.json"
@@ -87,9 +87,9 @@ async def until(predicate, what: str, timeout: float = 30.0) -> None:
 async def wired():
     made: list[tuple[Publisher, EventSubscriber]] = []
 
-    async def make(answer_replays: bool = True) -> tuple[Publisher, EventSubscriber, LocalIndex]:
+    async def make(answer_replays: bool = True) -> tuple[Publisher, EventSubscriber, EventsIndex]:
         pub = Publisher(answer_replays)
-        index = LocalIndex(16, 0, float("inf"), 100_000)
+        index = EventsIndex(16, 100_000)
         ends = {ENGINE: f"tcp://127.0.0.1:{pub.port},tcp://127.0.0.1:{pub.replay_port}"}
         sub = EventSubscriber(EventSettings(endpoints=ends, replay_timeout_s=2.0), index, 16,
                               lambda backend, lora: lora or "base-model")  # fmt: skip
@@ -145,7 +145,7 @@ async def test_a_router_that_joins_late_learns_what_the_buffer_holds(wired) -> N
     pub = Publisher()
     try:
         await pub.send(1, seq=0)  # before anyone listened: no subscriber gets it live
-        index = LocalIndex(16, 0, float("inf"), 100_000)
+        index = EventsIndex(16, 100_000)
         ends = {ENGINE: f"tcp://127.0.0.1:{pub.port},tcp://127.0.0.1:{pub.replay_port}"}
         sub = EventSubscriber(EventSettings(endpoints=ends), index, 16,
                               lambda backend, lora: lora or "base-model")  # fmt: skip
@@ -177,7 +177,7 @@ async def test_a_long_replay_lets_requests_through() -> None:
     gap), they come in slices, and other work on the loop runs between them."""
     from prefix_router.events.feed import EngineFeed
 
-    index = LocalIndex(16, 0, float("inf"), 100_000)
+    index = EventsIndex(16, 100_000)
     sub = EventSubscriber(EventSettings(), index, 16, lambda backend, lora: "m")
     feed = EngineFeed(ENGINE, index, 16, lambda lora: "m")
     ran = 0

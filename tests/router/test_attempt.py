@@ -3,6 +3,7 @@
 import json
 
 from prefix_router.attempt import Attempt
+from prefix_router.index.events import EventsIndex
 from prefix_router.parsing import parse_request
 from prefix_router.scheduling import Scheduler
 
@@ -109,3 +110,30 @@ async def test_with_events_a_hit_holds_only_what_the_index_lacks(make_scheduler)
     assert sched.index.entries() == len(first.hashes)  # the events, not the router, record
     behind = await sched.route(_parsed(user="another question " * 30))
     assert behind.decision.matched_blocks == len(behind.hashes)
+
+
+async def test_with_events_a_hit_makes_the_blocks_it_used_the_engines_most_recent(
+    make_scheduler,
+):
+    """The events say what an engine stores, not what it uses: an answered hit refreshes
+    the blocks it matched, so the engine's coldest block (what the eviction scorer weighs)
+    is the one its own LRU would evict."""
+    sched = make_scheduler(BACKENDS, 100_000)
+    sched.settings = sched.settings.model_copy(update={"index": "events"})
+    clock = [100.0]
+    sched.index = index = EventsIndex(16, 100_000, clock=lambda: clock[0])
+    route = await sched.route(_parsed())
+    b = route.decision.backend
+    index.record("m", route.hashes, b)  # stored at 100, as BlockStored events would
+    clock[0] = 120.0
+    index.record("m", (await sched.route(_parsed("T" * 4000))).hashes, b)  # another, at 120
+    index.evicting(b)  # the engine is full
+    clock[0] = 150.0
+    assert index.tail_age("m", b) == 50.0
+    again = await sched.route(_parsed())
+    assert (again.decision.backend, again.decision.matched_blocks) == (b, len(route.hashes))
+    with Attempt(sched, again, b) as a:
+        a.answered(200)
+        a.first_byte(streamed=True)
+    assert index.tail_age("m", b) == 30.0  # the other prompt's blocks are the tail now
+    assert index.entries() == 2 * len(route.hashes)  # nothing added by the router

@@ -12,7 +12,7 @@ import pytest
 
 from prefix_router.events.feed import EngineFeed
 from prefix_router.events.wire import Cleared, Removed, Stored, decode_batch, salt_of
-from prefix_router.index.local import LocalIndex
+from prefix_router.index.events import EventsIndex
 from prefix_router.prefix import block_hashes, chain_seed
 
 FIXTURES = sorted((Path(__file__).parents[1] / "fixtures" / "vllm-kv-events").glob("*.json"))
@@ -57,7 +57,7 @@ def _key_chain(model: str, salt: str | None, tokens: list[int]) -> list[int]:
 
 @pytest.mark.parametrize("fixture", FIXTURES, ids=[f.stem for f in FIXTURES])
 def test_the_index_follows_the_events_under_the_routers_own_keys(fixture: Path) -> None:
-    index = LocalIndex(16, 0, float("inf"), 100_000)
+    index = EventsIndex(16, 100_000)
     feed = EngineFeed(ENGINE, index, 16, lambda lora: lora or "base-model")
     frames = _frames(fixture)
     # batch 0: a chain whose parent was stored before this router listened: not placeable
@@ -85,7 +85,7 @@ def test_the_index_follows_the_events_under_the_routers_own_keys(fixture: Path) 
 
 
 def test_a_stored_block_under_a_known_parent_extends_its_chain() -> None:
-    index = LocalIndex(16, 0, float("inf"), 100_000)
+    index = EventsIndex(16, 100_000)
     feed = EngineFeed(ENGINE, index, 16, lambda lora: "m")
     tokens = list(range(100, 148))
     first = Stored([b"\x01" * 32], None, tokens[:16], 16, None, None)
@@ -113,7 +113,7 @@ def test_a_decisions_speculative_entry_yields_to_what_the_engine_said() -> None:
     from prefix_router.events.wire import Batch
     from prefix_router.index.pending import PendingIndex
 
-    index = LocalIndex(16, 0, float("inf"), 100_000)
+    index = EventsIndex(16, 100_000)
     speculative = PendingIndex()
     feed = EngineFeed(ENGINE, index, 16, lambda lora: "m",
                       on_settled=lambda model, keys: speculative.settle(model, keys, ENGINE))
@@ -140,7 +140,7 @@ def test_a_decisions_speculative_entry_yields_to_what_the_engine_said() -> None:
 def test_a_loras_chain_continues_under_the_lora_and_leaves_under_it() -> None:
     from prefix_router.events.wire import Batch
 
-    index = LocalIndex(16, 0, float("inf"), 100_000)
+    index = EventsIndex(16, 100_000)
     feed = EngineFeed(ENGINE, index, 16, lambda lora: lora or "base-model")
     tokens = list(range(300, 348))
     feed.apply(0, Batch(0.0, [Stored([11], None, tokens[:16], 16, "ada", None)], 0))

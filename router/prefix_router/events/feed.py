@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import xxhash
 
-from ..index import PrefixIndex
+from ..index.events import EventsIndex
 from ..prefix import chain_seed
 from .wire import Batch, Cleared, Hash, Removed, Stored, salt_of
 
@@ -32,7 +32,7 @@ class EngineFeed:
     def __init__(
         self,
         backend: str,
-        index: PrefixIndex,
+        index: EventsIndex,
         block_size: int,
         model_of: Callable[[str | None], str | None],
         on_reset: Callable[[str], None] = lambda backend: None,
@@ -74,6 +74,7 @@ class EngineFeed:
             if isinstance(event, Stored):
                 self._stored_blocks(event)
             elif isinstance(event, Removed):
+                self._index.evicting(self.backend)  # before the blocks go: it was full
                 self._removed(event.hashes)
             elif isinstance(event, Cleared):
                 self.reset()

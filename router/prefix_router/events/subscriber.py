@@ -19,7 +19,7 @@ import zmq
 import zmq.asyncio
 
 from ..config import EventSettings
-from ..index import PrefixIndex
+from ..index.events import EventsIndex
 from .feed import EngineFeed
 from .wire import WireError, decode_batch
 
@@ -56,7 +56,7 @@ class EventSubscriber:
     def __init__(
         self,
         s: EventSettings,
-        index: PrefixIndex,
+        index: EventsIndex,
         block_size: int,
         model_of: Callable[[str, str | None], str | None],
         on_reset: Callable[[str], None] = lambda backend: None,

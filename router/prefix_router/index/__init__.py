@@ -1,10 +1,11 @@
 """The prefix index: which backends hold which prefix blocks, as far as the router can tell.
 
 One interface, several implementations: the local table of this router process
-(`LocalIndex`), the table every router replica shares through Redis (`redis/`), and, in front
-of either, the chains of requests sent and not yet confirmed by their engine (`PendingIndex`).
-A chain is a list of chained block hashes (prefix.py); a backend's holding of a chain is its
-leading blocks, so a lookup answers, per backend, how many leading blocks it holds.
+(`LocalIndex`; `EventsIndex` when the engines' KV events feed it), the table every router
+replica shares through Redis (`redis/`), and, in front of either, the chains of requests
+sent and not yet confirmed by their engine (`PendingIndex`). A chain is a list of chained
+block hashes (prefix.py); a backend's holding of a chain is its leading blocks, so a lookup
+answers, per backend, how many leading blocks it holds.
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ class PrefixIndex(Protocol):
     ) -> None:
         """`backend` holds the whole chain. `news`: it did not before (other routers should
         hear at once); `known`: its first blocks were just recorded (a store may skip them)."""
+        ...
+
+    def touch(self, model: str, hashes: Sequence[int], backend: str) -> None:
+        """A request `backend` served used the blocks of the chain it holds (their last use is
+        now); nothing is added."""
         ...
 
     def truncate(self, model: str, hashes: Sequence[int], backend: str, keep: int) -> None:

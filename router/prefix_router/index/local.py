@@ -52,6 +52,11 @@ class LocalIndex:
         if hashes:
             self.table(model).record(hashes, backend, self._clock())
 
+    def touch(self, model: str, hashes: Sequence[int], backend: str) -> None:
+        t = self._tables.get(model)
+        if t is not None and hashes:
+            t.touch(hashes, backend, self._clock())
+
     def truncate(self, model: str, hashes: Sequence[int], backend: str, keep: int) -> None:
         t = self._tables.get(model)
         if t is not None:

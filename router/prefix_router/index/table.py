@@ -160,6 +160,11 @@ class OwnershipTable:
             return float("inf")
         return holding.tail_age(self._capacity(holding), now)
 
+    def coldest(self, backend: str) -> float | None:
+        """When the backend's least recently used block was last used (None: it holds none)."""
+        holding = self._held.get(backend)
+        return next(iter(holding.lru.values())) if holding is not None and holding.lru else None
+
     def holdings(self) -> dict[str, list[tuple[int, float]]]:
         """Per backend, its blocks and their last use, least recently used first (for
         debugging, and for tests that check a table is left exactly as it was)."""
@@ -199,6 +204,18 @@ class OwnershipTable:
         self._trim(holding)
         if self._entries > self._max_entries:
             self._evict_largest(self._entries - self._max_entries)
+
+    def touch(self, hashes: Sequence[int], backend: str, now: float) -> None:
+        """`backend` used the blocks of this chain it holds: they are its most recent (and
+        none is added)."""
+        holding = self._held.get(backend)
+        if holding is None:
+            return
+        lru = holding.lru
+        for h in reversed(hashes):  # deepest first, as in record
+            if h in lru:
+                lru[h] = now
+                lru.move_to_end(h)
 
     def truncate(self, hashes: Sequence[int], backend: str, keep: int) -> int:
         """`backend` holds only the first `keep` blocks of this chain (an engine reported

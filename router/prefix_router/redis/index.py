@@ -244,6 +244,10 @@ class SharedIndex:
         if news:
             self._writes.kick()
 
+    def touch(self, model: str, hashes: Sequence[int], backend: str) -> None:
+        # the shared table's uses are its records; the local one follows them
+        self._local.touch(model, hashes, backend)
+
     def truncate(self, model: str, hashes: Sequence[int], backend: str, keep: int) -> None:
         if keep >= len(hashes):
             return
