@@ -193,6 +193,7 @@ def build_app(settings: RouterSettings, discovery: Discovery | None = None) -> w
                 sched.speculative.drop_backend,
                 lambda backend, model, keys: sched.speculative.settle(model, keys, backend),
             )
+            metrics_.watch_events(events.stats)
             backends.on_join(events.join)
             backends.on_gone(lambda b: asyncio.ensure_future(events.leave(b)))
         await the_discovery.start(on_change)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .contract import WORKING_SET_METRIC
@@ -37,6 +38,58 @@ class _WorkingSet(Collector):
         if self.tokens is not None:
             g.add_metric([], self.tokens)
         yield g
+
+
+@dataclass(frozen=True, slots=True)
+class EventStream:
+    """One engine's KV-event stream as of a scrape."""
+
+    backend: str
+    applied: int  # events applied to the index
+    skipped: int  # stored blocks not placed
+    held: int  # blocks the index holds for it
+    full_at: int  # blocks it held when it evicted (0: it has not yet)
+
+
+# (per engine, batches that did not decode, times an engine's entries were dropped)
+EventStats = tuple[list[EventStream], int, int]
+
+
+class _KvEvents(Collector):
+    """The engines' KV-event streams, read at each scrape; no samples without `index: events`.
+    Without these a user cannot tell an index fed by events from one whose events never
+    come."""
+
+    def __init__(self) -> None:
+        self.read: Callable[[], EventStats] | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        if self.read is None:
+            return
+        streams, errors, resets = self.read()
+        per = [
+            CounterMetricFamily("prefix_router_kv_events", "KV events applied to the index",
+                                labels=["backend"]),
+            CounterMetricFamily(
+                "prefix_router_kv_event_blocks_skipped", "stored blocks the index could not "
+                "place: parent not known (stored before the router listened, or evicted) or "
+                "another block size", labels=["backend"]),
+            GaugeMetricFamily("prefix_router_engine_cached_blocks",
+                              "blocks the engine holds, as its KV events tell", labels=["backend"]),
+            GaugeMetricFamily(
+                "prefix_router_engine_full_blocks", "blocks the engine held when it evicted: "
+                "its capacity as learned from its KV events (0 until its first eviction)",
+                labels=["backend"]),
+        ]  # fmt: skip
+        for s in streams:
+            for family, value in zip(per, (s.applied, s.skipped, s.held, s.full_at), strict=True):
+                family.add_metric([s.backend], value)
+        yield from per
+        yield CounterMetricFamily("prefix_router_kv_event_decode_errors",
+                                  "KV-event messages or batches that did not decode", value=errors)
+        yield CounterMetricFamily(
+            "prefix_router_kv_event_resets", "times an engine's entries were dropped: it "
+            "restarted, or events were lost beyond its replay buffer", value=resets)
 
 
 class RouterMetrics:
@@ -155,6 +208,8 @@ class RouterMetrics:
         )
         self._working_set = _WorkingSet()
         r.register(self._working_set)
+        self._events = _KvEvents()
+        r.register(self._events)
         self._prompt_sum = 0.0
         self._pred_sum = 0.0
         self._children: dict[tuple[str, ...], object] = {}
@@ -195,6 +250,10 @@ class RouterMetrics:
         self.store_budget.set(stats.budget_s)
         # None: unknown, and the series shows no sample until a count comes
         self._working_set.tokens = stats.working_set_tokens
+
+    def watch_events(self, read: Callable[[], EventStats]) -> None:
+        """Show the engines' KV-event streams (index: events), as `read` tells at a scrape."""
+        self._events.read = read
 
     def observe_prediction(self, prompt_tokens: float, predicted: float) -> None:
         self.prompt_tokens.inc(prompt_tokens)

@@ -33,13 +33,15 @@ def chat(user: str) -> dict[str, Any]:
 async def until(check, what: str, timeout: float = 60.0) -> Any:
     return await waiting.until(check, timeout, what, interval=0.05)
 
-def gauge(text: str, name: str) -> float:
-    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+def gauge(text: str, name: str, backend: str | None = None) -> float:
+    labels = "" if backend is None else re.escape(f'{{backend="{backend}"}}')
+    m = re.search(rf"^{re.escape(name)}{labels} (\S+)$", text, re.M)
     return float(m.group(1)) if m else 0.0
 
 
 @pytest.fixture
-async def setup(fleet: Fleet) -> AsyncIterator[dict[str, Any]]:
+async def setup(fleet: Fleet, request: pytest.FixtureRequest) -> AsyncIterator[dict[str, Any]]:
+    kv_capacity = getattr(request, "param", 100_000)  # tokens a simulator holds
     sims: list[str] = []
     ends: dict[str, str] = {}
     for i in range(2):
@@ -47,7 +49,7 @@ async def setup(fleet: Fleet) -> AsyncIterator[dict[str, Any]]:
         cfg = {"enable_kv_cache_events": True, "publisher": "zmq",
                "endpoint": f"tcp://127.0.0.1:{pub}", "replay_endpoint": f"tcp://127.0.0.1:{replay}"}
         p = await fleet.start_sim(
-            f"sim{i}", model=MODEL, kv_capacity=100_000, profile="fast", time_scale=1.0,
+            f"sim{i}", model=MODEL, kv_capacity=kv_capacity, profile="fast", time_scale=1.0,
             extra=["--tokenizer", "tiny", "--enable-prompt-tokens-details",
                    "--kv-events-config", json.dumps(cfg)],
         )  # fmt: skip
@@ -126,3 +128,31 @@ async def test_a_cleared_engine_is_no_owner_any_more(setup) -> None:
 
 async def _entries(env: dict[str, Any], url: str) -> float:
     return gauge(await metrics(env, url), "prefix_router_table_entries")
+
+
+@pytest.mark.parametrize("setup", [2_000], indirect=True)  # tokens: a few prompts fill it
+async def test_an_engine_is_learned_full_at_its_first_eviction(setup) -> None:
+    """The events say what an engine stores and evicts, not how much it can hold: the router
+    learns that from the first eviction (index/events.py) and shows it, with the streams'
+    counts, on /metrics."""
+    env = setup
+    a, _b = env["routers"]
+    owners = set()
+    for i in range(12):  # distinct prompts of ~400 tokens each: 2,000-token caches evict
+        owner, _, _ = await ask(env, a, f"question {i} " + "with its own long context " * 60)
+        owners.add(owner)
+
+    async def learned() -> bool:
+        text = await metrics(env, a)
+        return all(gauge(text, "prefix_router_engine_full_blocks", o) > 0 for o in owners)
+
+    await until(learned, "the router to learn each engine's capacity from its evictions")
+    text = await metrics(env, a)
+    for o in owners:
+        full = gauge(text, "prefix_router_engine_full_blocks", o)
+        held = gauge(text, "prefix_router_engine_cached_blocks", o)
+        # a block is 16 tokens: within the 2,000 tokens the engine has, and what it holds now
+        assert 0 < held <= full <= 2_000 // 16, (o, full, held)
+        assert gauge(text, "prefix_router_kv_events_total", o) > 0
+    assert gauge(text, "prefix_router_kv_event_decode_errors_total") == 0
+    assert gauge(text, "prefix_router_kv_event_resets_total") == 0

@@ -60,13 +60,17 @@ def test_an_engine_is_full_from_its_first_eviction_at_what_it_held_then() -> Non
     assert index.match("m", _keys(a)) == {SMALL: 3, BIG: 4}  # touch adds nothing
 
 
-def test_the_capacity_is_the_most_an_engine_held_when_evicting_and_a_restart_forgets_it() -> None:
+def test_the_capacity_is_the_most_an_engine_held_since_it_evicted_and_a_restart_forgets_it(
+) -> None:
     index = EventsIndex(16, 100_000, clock=Clock())
     feed = EngineFeed(SMALL, index, 16, lambda lora: "m")
     _store(feed, 0, 10, list(range(1000, 1064)))
     feed.apply(1, Batch(0.0, [Removed([13])], 0))  # full at 4
-    _store(feed, 2, 20, list(range(2000, 2096)))  # 6 more: it holds 9, more than it was full at
-    feed.apply(3, Batch(0.0, [Removed([12]), Removed([11])], 0))  # full at 9, then 8
+    assert index.full_at(SMALL) == 4
+    # 6 more (the running sequences that took part of its pool ended): it holds 9
+    _store(feed, 2, 20, list(range(2000, 2096)))
+    assert index.full_at(SMALL) == 9 and index.occupancy("m", SMALL) == 1.0
+    feed.apply(3, Batch(0.0, [Removed([12]), Removed([11])], 0))
     assert index.occupancy("m", SMALL) == 7 / 9
     feed.reset()  # a restart: maybe another engine, another size
     assert index.occupancy("m", SMALL) == 0.0

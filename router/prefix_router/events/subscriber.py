@@ -20,6 +20,7 @@ import zmq.asyncio
 
 from ..config import EventSettings
 from ..index.events import EventsIndex
+from ..metrics import EventStats, EventStream
 from .feed import EngineFeed
 from .wire import WireError, decode_batch
 
@@ -75,6 +76,14 @@ class EventSubscriber:
 
     def feeds(self) -> list[EngineFeed]:
         return [st.feed for st in self._streams.values()]
+
+    def stats(self) -> EventStats:
+        """For /metrics: each engine's stream, decode errors, resets."""
+        idx = self._index
+        return [
+            EventStream(b, st.feed.applied, st.feed.skipped, idx.held(b), idx.full_at(b))
+            for b, st in self._streams.items()
+        ], self.errors, self.resets
 
     def join(self, backend: str) -> None:
         if backend in self._streams:
