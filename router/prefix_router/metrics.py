@@ -48,7 +48,7 @@ class EventStream:
     applied: int  # events applied to the index
     skipped: int  # stored blocks not placed
     held: int  # blocks the index holds for it
-    full_at: int  # blocks it held when it evicted (0: it has not yet)
+    full_at: int  # the most blocks it held since it first evicted (0: it has not yet)
 
 
 # (per engine, batches that did not decode, times an engine's entries were dropped)
