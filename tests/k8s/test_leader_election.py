@@ -167,8 +167,10 @@ def test_one_leader_reconciles_and_the_standby_takes_over_after_sigkill(
     a = candidates("op-a")
     cp.wait_for(lambda: holder(cp, ns) == "op-a", 60, "op-a holding the Lease")
     b = candidates("op-b")
-    # The standby is alive for its probes, knows who leads, and does not run kopf.
-    status = cp.wait_for(b.health, 60, "op-b's standby health endpoint")
+    # The standby is alive for its probes, knows who leads, and does not run kopf. Its
+    # endpoint is up before its first read of the Lease (holder None until then): wait for it.
+    status = cp.wait_for(lambda: (s := b.health()) and s["holder"] and s, 60,
+                         "op-b's standby health endpoint naming the holder")
     assert status == {"leader": False, "identity": "op-b",
                       "lease": f"{ns}/prefix-operator-leader", "holder": "op-a"}  # fmt: skip
     spec = lease(cp, ns)
