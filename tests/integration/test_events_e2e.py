@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
 import waiting
+from promtext import sample_sum
 
 from bench.harness.fleet import Fleet, free_port
 from engine_sim.hf_tokenizer import TINY_TOKENIZER
@@ -34,9 +34,7 @@ async def until(check, what: str, timeout: float = 60.0) -> Any:
     return await waiting.until(check, timeout, what, interval=0.05)
 
 def gauge(text: str, name: str, backend: str | None = None) -> float:
-    labels = "" if backend is None else re.escape(f'{{backend="{backend}"}}')
-    m = re.search(rf"^{re.escape(name)}{labels} (\S+)$", text, re.M)
-    return float(m.group(1)) if m else 0.0
+    return sample_sum(text, name, **({} if backend is None else {"backend": backend}))
 
 
 @pytest.fixture

@@ -15,23 +15,13 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from promtext import sample_sum
 
 from bench.harness.fleet import Fleet, free_port
 
 pytestmark = pytest.mark.slow
 
 MODEL = "test-model"
-
-
-def _counter(text: str, name: str, **labels: str) -> float:
-    """The sum of the samples named `name` whose labels include `labels`."""
-    return sum(
-        s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
-    )
 
 
 async def _metrics(s: aiohttp.ClientSession, url: str) -> str:
@@ -65,7 +55,7 @@ async def test_odd_bodies_and_methods_get_openai_errors(fleet: Fleet, start_sims
         async with s.get(router.url + "/v1/nothing-here") as r:
             assert r.status == 404
             assert "no route" in (await r.json())["error"]["message"]
-        assert _counter(await _metrics(s, router.url), "prefix_router_requests_total") >= 1
+        assert sample_sum(await _metrics(s, router.url), "prefix_router_requests_total") >= 1
 
 
 @pytest.fixture
@@ -119,12 +109,12 @@ async def test_a_connect_timeout_is_retried_on_the_next_backend(
                 assert r.headers["x-routed-to"] == sims[0]
         text = await _metrics(s, router.url)
     assert (
-        _counter(
+        sample_sum(
             text, "prefix_router_requests_total", backend=never_accepting, outcome="connect_error"
         )
         >= 1
     )
-    assert _counter(text, "prefix_router_retries_total") >= 1
+    assert sample_sum(text, "prefix_router_retries_total") >= 1
 
 
 async def test_an_engine_that_never_answers_is_ejected(fleet: Fleet, start_sims, tmp_path: Path):
@@ -191,4 +181,4 @@ async def test_a_stream_cut_after_its_first_token_ends_with_an_error_event(
     assert events[-1] == b"[DONE]"
     err = json.loads(events[-2])["error"]
     assert "cut" in err["message"]
-    assert _counter(text, "prefix_router_requests_total", outcome="stream_cut") == 1
+    assert sample_sum(text, "prefix_router_requests_total", outcome="stream_cut") == 1
