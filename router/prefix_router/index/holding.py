@@ -42,11 +42,15 @@ class Holding:
         popitem = self.lru.popitem
         return [popitem(last=False)[0] for _ in range(min(count, len(self.lru)))]
 
+    def coldest(self) -> float | None:
+        """When its least recently used block was last used (None: it holds none)."""
+        return next(iter(self.lru.values())) if self.lru else None
+
     def tail_age(self, capacity: int, now: float) -> float:
         """Seconds since its least recently used block was last used, once it is full
         (infinity with room left, or no capacity): what a new prefix placed there would evict
         is about this cold, and a backend whose tail is young is thrashing."""
-        lru = self.lru
-        if not capacity or not lru or len(lru) < capacity * FULL:
+        coldest = self.coldest()
+        if not capacity or coldest is None or len(self.lru) < capacity * FULL:
             return float("inf")
-        return max(now - next(iter(lru.values())), 0.0)
+        return max(now - coldest, 0.0)

@@ -163,7 +163,7 @@ class OwnershipTable:
     def coldest(self, backend: str) -> float | None:
         """When the backend's least recently used block was last used (None: it holds none)."""
         holding = self._held.get(backend)
-        return next(iter(holding.lru.values())) if holding is not None and holding.lru else None
+        return holding.coldest() if holding is not None else None
 
     def holdings(self) -> dict[str, list[tuple[int, float]]]:
         """Per backend, its blocks and their last use, least recently used first (for
