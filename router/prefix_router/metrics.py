@@ -212,11 +212,12 @@ class RouterMetrics:
         r.register(self._events)
         self._prompt_sum = 0.0
         self._pred_sum = 0.0
-        self._children: dict[tuple[str, ...], object] = {}
+        self._children: dict[tuple[int | str, ...], object] = {}
 
-    # labels() costs a lock and a tuple build per call; the hot path reuses the children.
+    # labels() costs a lock and a tuple build per call; the hot path reuses the children,
+    # keyed by the metric object itself (its name is not public API).
     def _child(self, metric, *labels: str):
-        key = (metric._name, *labels)
+        key = (id(metric), *labels)
         child = self._children.get(key)
         if child is None:
             child = self._children[key] = metric.labels(*labels)

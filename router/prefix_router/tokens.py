@@ -37,8 +37,6 @@ if TYPE_CHECKING:  # imported where a tokenizer is configured: a router without 
 
 log = logging.getLogger("prefix_router.tokens")
 
-# Token ids travel as 4-byte words: the canonical bytes of a tokenized prompt.
-TOKEN_BYTES = 4
 # Pieces shorter than this (role names, separators between special tokens) are kept in a
 # plain dict: a tokenizer call costs 3-6 us, a lookup 0.04 us, and two renders a request meet
 # about ten of them. Longer ones go to the LRU bounded in bytes.
@@ -47,6 +45,7 @@ SHORT_PIECES_MAX = 4096  # distinct short pieces kept; the dict starts over when
 
 
 def token_bytes(ids: list[int]) -> bytes:
+    """Token ids as a tokenized prompt's canonical bytes: 4-byte words (sizing.py counts on it)."""
     return array("I", ids).tobytes()
 
 
