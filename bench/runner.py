@@ -175,7 +175,7 @@ async def start_setup(fleet: Fleet, sc: Scenario, s: Setup, sims: list[str], kv:
         sims, extra = [], [*extra, "--discovery", "file", "--backends-file", str(backends_file)]
     for k in range(s.replicas):
         out.routers.append(await fleet.start_router(  # its log: <setup>-<k>.log
-            f"{s.name.replace('/', '_')}-{k}", sims, policy=s.router, kv_capacity=kv, extra=extra,
+            f"{s.name}-{k}", sims, policy=s.router, kv_capacity=kv, extra=extra,
             env=dict(s.env) or None))
         out.targets.append(out.routers[-1].url)
     return out

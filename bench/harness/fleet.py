@@ -60,7 +60,7 @@ class Fleet:
     async def _exec(self, name: str, url: str, args: list[str], env: dict[str, str] | None,
                     mode: str) -> Proc:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        log_path = self.log_dir / f"{name}.log"
+        log_path = self.log_dir / f"{name.replace('/', '_')}.log"  # a setup's name may hold a path
         with log_path.open(mode) as log:
             proc = await asyncio.create_subprocess_exec(
                 *args, stdout=log, stderr=asyncio.subprocess.STDOUT,
