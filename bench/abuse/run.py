@@ -31,6 +31,7 @@ import aiohttp
 import yaml
 
 from bench.harness.fleet import Fleet, free_port, parse_status
+from bench.harness.promtext import sample_sum
 from bench.harness.stats import percentile
 from bench.provenance import now_utc
 
@@ -216,16 +217,6 @@ def traceback_excerpts(text: str, limit: int = 3, width: int = 1500) -> list[str
                 end += 1
             out.append("\n".join(lines[max(0, i - 1):end])[:width])
     return out
-
-
-def gauge_sum(text: str, name: str) -> float:
-    """The sum of a metric's samples over its label sets, from Prometheus text."""
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " "):
-            with contextlib.suppress(ValueError, IndexError):
-                total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 async def get(s: aiohttp.ClientSession, url: str) -> Any:
@@ -565,12 +556,12 @@ async def run_round(store: str, log_dir: Path) -> dict[str, Any]:
         outcomes = await timed(timings, "attack", attack(ctx, port, url, private, watch, timings))
         async def idle() -> bool:  # nothing in flight at the router nor at any engine
             texts = [await get(s, u + "/metrics") for u in [url, *(p.url for p in sims)]]
-            return (gauge_sum(texts[0], "prefix_router_backend_in_flight") == 0 and
-                    all(gauge_sum(t, "vllm:num_requests_running") == 0 for t in texts[1:]))
+            return (sample_sum(texts[0], "prefix_router_backend_in_flight") == 0 and
+                    all(sample_sum(t, "vllm:num_requests_running") == 0 for t in texts[1:]))
 
         drain = await timed(timings, "in-flight drain", within(
             errors, "nothing in flight", idle, 30))
-        entries = gauge_sum(await get(s, url + "/metrics"), "prefix_router_table_entries")
+        entries = sample_sum(await get(s, url + "/metrics"), "prefix_router_table_entries")
         redis_after = await redis_figures(redis_url) if redis_url else None
         # the shared store lost while Redis was there all along (the faults kill it later)
         outages = [line.split(" WARNING ", 1)[1][:160] for line in
@@ -619,7 +610,7 @@ async def run_round(store: str, log_dir: Path) -> dict[str, Any]:
             watch.max_rss_mb, after.get("peak_rss_mb", 0)), "max_fds": watch.max_fds,
             "alive_at_end": alive, "sigterm": stop},
         "index": {"entries": entries,
-                  "entries_at_end": gauge_sum(metrics, "prefix_router_table_entries"),
+                  "entries_at_end": sample_sum(metrics, "prefix_router_table_entries"),
                   "bound": max(1000, int(ROUTER["index_memory_mb"] * 2**20 / INDEX_ENTRY_BYTES))},
         "redis": {"before": redis_before, "after the attack": redis_after,
                   "store lost during the attack": outages} if redis_url else None,

@@ -24,7 +24,6 @@ from bench.abuse.report import bars, by_case, by_class, held, is_5xx
 from bench.abuse.run import (
     LoadResult,
     busiest,
-    gauge_sum,
     judge_load,
     latency_summary,
     scan_log,
@@ -32,6 +31,7 @@ from bench.abuse.run import (
     traceback_excerpts,
 )
 from bench.abuse.tap import is_stream, probe_record, rid_of
+from bench.harness.promtext import sample_sum
 
 
 def resp(status: int, headers: list[tuple[str, str]] | None = None, body: bytes = b"") -> bytes:
@@ -195,7 +195,7 @@ def test_proc_and_metrics_text() -> None:
            "5678 1 0\n")
     assert tcp_table(tcp) == {1234: (8080, 0, "LISTEN"), 5678: (8080, 54321, "ESTABLISHED")}
     page = 'm{b="x"} 2.0\nm{b="y"} 1.0\nm_total 9\n# m 7\n'
-    assert gauge_sum(page, "m") == 3.0
+    assert sample_sum(page, "m") == 3.0
     s = latency_summary([0.001, 0.002, 0.1], 2)
     assert s == {"n": 3, "failures": 2, "p50_ms": 2.0, "p99_ms": 100.0, "max_ms": 100.0}
 

@@ -12,9 +12,9 @@ from typing import Any
 import aiohttp
 import pytest
 import waiting
-from promtext import sample_sum
 
 from bench.harness.fleet import Fleet, free_port
+from bench.harness.promtext import sample_sum
 from engine_sim.hf_tokenizer import TINY_TOKENIZER
 from prefix_router.app import serve
 from prefix_router.config import RouterSettings

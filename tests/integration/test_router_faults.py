@@ -15,9 +15,9 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from promtext import sample_sum
 
 from bench.harness.fleet import Fleet, free_port
+from bench.harness.promtext import sample_sum
 
 pytestmark = pytest.mark.slow
 

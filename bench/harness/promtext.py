@@ -1,4 +1,4 @@
-"""Reading a /metrics page in tests, with prometheus_client's own parser."""
+"""Reading a /metrics page (the harness's and the tests'), with prometheus_client's own parser."""
 
 from __future__ import annotations
 
