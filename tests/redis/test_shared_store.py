@@ -13,11 +13,15 @@ import pytest
 import redis.asyncio as aioredis
 
 from prefix_operator.figures import aggregate
+from prefix_router.backends import BackendSet
 from prefix_router.config import RouterSettings
 from prefix_router.contract import RouterFigures
 from prefix_router.load import LoadTracker
+from prefix_router.metrics import RouterMetrics
+from prefix_router.parsing import parse_request
 from prefix_router.redis import SharedStore
 from prefix_router.redis.scripts import block_hex, chain_hex
+from prefix_router.scheduling import Scheduler
 
 pytestmark = pytest.mark.redis
 
@@ -167,6 +171,29 @@ async def test_a_lookup_brings_the_other_routers_load_and_pending_prefill(redis_
         await b.index.lookup("m", [1, 2, 3])
         assert lb.pending_prefill("http://e1") == 0
         assert la.pending_prefill("http://e1") == 0  # its own is not counted twice
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_decision_counts_the_load_its_own_lookup_brought(redis_server):
+    # Three routers on Redis piled onto one backend while each decided on the load it had
+    # read before its lookup's round trip: the others' load the reply carries must count in
+    # this very decision (bench/results/compare/redis-3x-ab/).
+    _clock, a, b, la, lb = await pair(redis_server.url)
+    try:
+        members = BackendSet()
+        members.set_members(["http://e1", "http://e2"])
+        sched = Scheduler(a.settings, members, a.index, la, RouterMetrics())
+        la.start("http://e2", 0)  # A's own request on e2
+        for _ in range(3):
+            lb.start("http://e1", 0)  # B's three on e1, which A has not heard of yet
+        await b.writes.flush(only_load=True)
+        assert la.inflight("http://e1") == 0
+        body = b'{"model": "m", "prompt": "%s"}' % (b"a new prompt " * 100)
+        route = await sched.route(parse_request(body, "completions"))
+        assert la.inflight("http://e1") == 3
+        assert route.decision.backend == "http://e2"
     finally:
         await a.close()
         await b.close()

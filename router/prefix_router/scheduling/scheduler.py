@@ -1,8 +1,9 @@
 """From a parsed request to a routing decision.
 
-Order of work for one request: prefix key (chained block hashes) -> candidates (healthy
-backends serving the model, with their load) -> one index lookup for the whole chain, merged
-with the chains still pending -> the policy's profile (filters, scorers, picker).
+Order of work for one request: prefix key (chained block hashes) -> one index lookup for the
+whole chain, merged with the chains still pending -> candidates (healthy backends serving the
+model, with their load as it is after the lookup) -> the policy's profile (filters, scorers,
+picker).
 """
 
 from __future__ import annotations
@@ -112,13 +113,18 @@ class Scheduler:
         seed = chain_seed(model, parsed.cache_salt)
         hashes = await self.offload.run(len(parsed.canonical), self._key, parsed, seed, backends)
         canonical = parsed.canonical
+        profile = self.profile
+        matches = await self._lookup(model, hashes) if profile.uses_index else None
+        # The load is read after the lookup, never across its await: the round trip brings
+        # the other routers' load, and this router's own requests routed meanwhile count too.
+        # Read before it, three routers on Redis each missed the others' latest sends and
+        # piled onto the same backend (bench/results/compare/redis-3x-ab/).
         load = self.load
         cands = [
             Candidate(b.url, load.inflight(b.url), load.pending_prefill(b.url)) for b in backends
         ]
-        profile = self.profile
-        if profile.uses_index:
-            ask = await self._ask(model, hashes, cands)
+        if matches is not None:
+            ask = self._ask(model, hashes, matches, cands)
         elif profile.key_bytes:
             ask = Ask(xxhash.xxh3_64_intdigest(canonical[: profile.key_bytes]))
         else:
@@ -163,16 +169,22 @@ class Scheduler:
             )
         return block_hashes(parsed.canonical, self._block_bytes, seed)
 
-    async def _ask(self, model: str, hashes: list[int], cands: list[Candidate]) -> Ask:
-        """Fill each candidate's match and cache state from the index; the request as scored."""
-        index = self.index
+    async def _lookup(self, model: str, hashes: list[int]) -> dict[str, int]:
+        """Each backend's leading blocks of the chain: the index's, merged with the chains
+        still pending."""
         if self.requested is not None and hashes:
             self.requested(model, hashes)
-        now = self.clock()
-        self.speculative.expire(now)
-        matches = await index.lookup(model, hashes) if hashes else {}
+        matches = await self.index.lookup(model, hashes) if hashes else {}
+        self.speculative.expire(self.clock())
         matches = self.pending.merge(model, hashes, matches)
-        matches = self.speculative.merge(model, hashes, matches)
+        return self.speculative.merge(model, hashes, matches)
+
+    def _ask(
+        self, model: str, hashes: list[int], matches: dict[str, int], cands: list[Candidate]
+    ) -> Ask:
+        """Fill each candidate's match and cache state; the request as scored."""
+        index = self.index
+        now = self.clock()
         best = 0
         for c in cands:
             m = c.matched_blocks = matches.get(c.name, 0)
