@@ -7,9 +7,13 @@ direct clients). The difference is kept as `external` and refreshed at each scra
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class LoadTracker:
-    __slots__ = ("_external", "_inflight", "_pending", "_remote", "_remote_pending", "version")
+    __slots__ = (
+        "_external", "_inflight", "_pending", "_remote", "_remote_pending", "on_start", "version",
+    )
 
     def __init__(self) -> None:
         self._inflight: dict[str, int] = {}
@@ -22,11 +26,15 @@ class LoadTracker:
         # bumped on every change of this router's own load, so a shared store can tell
         # cheaply whether there is anything new to publish
         self.version = 0
+        # called as each request is sent: a shared store tells the other routers at once
+        self.on_start: Callable[[], None] | None = None
 
     def start(self, backend: str, prefill_tokens: float) -> None:
         self._inflight[backend] = self._inflight.get(backend, 0) + 1
         self._pending[backend] = self._pending.get(backend, 0.0) + prefill_tokens
         self.version += 1
+        if self.on_start is not None:
+            self.on_start()
 
     def first_byte(self, backend: str, prefill_tokens: float) -> None:
         left = self._pending.get(backend, 0.0) - prefill_tokens

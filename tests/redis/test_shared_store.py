@@ -217,6 +217,26 @@ async def test_a_change_of_load_goes_at_the_flush_tick_without_the_queued_writes
         await b.close()
 
 
+async def test_a_request_sent_goes_out_at_once_when_other_routers_are_live(redis_server):
+    _clock, a, b, la, lb = await pair(redis_server.url)
+    try:
+        la.start("http://e1", 300)  # before any heartbeat: A knows of no other router
+        assert a.writes.flushing is None  # so the send waits for the flush tick
+        await a.writes.tick()
+        await b.heartbeat()  # B's lease...
+        await a.heartbeat()  # ...is what A's next heartbeat counts
+        assert a.peers.others == 1
+        la.start("http://e2", 200)  # now it goes at once, without a tick
+        assert a.writes.flushing is not None
+        await a.writes.flushing
+        await b.index.lookup("m", [5])
+        assert lb.inflight("http://e2") == 1
+        assert lb.pending_prefill("http://e2") == 200
+    finally:
+        await a.close()
+        await b.close()
+
+
 async def test_a_new_owner_goes_out_at_once_not_at_the_next_tick(redis_server):
     _clock, a, b, _la, _lb = await pair(redis_server.url, store={"write_delay_ms": 400})
     try:

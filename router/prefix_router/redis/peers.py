@@ -1,11 +1,11 @@
 """The other router replicas: this router's load published for them, theirs read back.
 
 Each router keeps one hash of its load (requests in flight and pending prefill per backend)
-whose expiry is its lease: a dead router's load disappears by itself. A change of this
-router's load goes out within one flush period: a request's prefill lasts ~100 ms, so a load
-older than that shows the other routers a backend idle that this one has just filled, and
-they pile onto it. Lookups bring the others' load back with each request; the heartbeat keeps
-it current when requests are rare.
+whose expiry is its lease: a dead router's load disappears by itself. A request sent goes
+out at once when other routers are live, any other change of this router's load within one
+flush period: a request's prefill lasts ~100 ms, and a load even a few ms old shows the other
+routers a backend idle that this one has just filled, so they pile onto it. Lookups bring the
+others' load back with each request; the heartbeat keeps it current when requests are rare.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ class Peers:
         self._wall = wall
         self._published: dict[str, tuple[int, int]] | None = None  # load as last published
         self._version = -1  # the load's version at that publication
+        self.others = 0  # other live routers, as of the last heartbeat
 
     def load_changed(self) -> bool:
         return self._published is None or self._load.version != self._version
@@ -84,10 +85,12 @@ class Peers:
         self.stage_load(pipe, force=True)
         now = self._wall()
         pipe.zremrangebyscore(routers, "-inf", now - self.lease_s)
+        pipe.zcard(routers)
         link.evalsha(pipe, "loads", *self.lookup_args())
         try:
             res = await pipe.execute()
         except BaseException:
             self.unpublish()
             raise
+        self.others = max(int(res[-2]) - 1, 0)
         self.take_remote(res[-1])

@@ -185,14 +185,14 @@ class WriteBack:
                     mine[b] = d
         return mine
 
-    def kick(self) -> None:
-        """Write now rather than at the next flush: a new owner is news for the other
-        routers, who would otherwise place the same kind of request on the backend this one
-        just filled (both see it as the least loaded)."""
+    def kick(self, only_load: bool = False) -> None:
+        """Write now rather than at the next flush: a new owner, or a request just sent, is
+        news for the other routers, who would otherwise place the same kind of request on the
+        backend this one just filled (both see it as the least loaded)."""
         if self._link.down or self.closed or (self.flushing and not self.flushing.done()):
             return
         try:
-            self.flushing = asyncio.get_running_loop().create_task(self.flush())
+            self.flushing = asyncio.get_running_loop().create_task(self.flush(only_load))
         except RuntimeError:  # no loop (a synchronous caller): the flush timer carries it
             pass
 
