@@ -80,10 +80,11 @@ class StoreSettings(_Strict):
     # This router's name in the store (its load, heartbeat and figures); default: the host
     # name and a random suffix, so a restarted pod never inherits its predecessor's lease.
     router_id: str | None = None
-    # The periods of the store's jobs (redis/): how soon this router's load reaches the
-    # others (a request's prefill is ~100 ms, so a few ms), the heartbeat that renews its
-    # lease of `load_lease_s` and reads the others' load and the shared capacity model, the
-    # figures for the autoscaler, and reconnection tries while Redis is away.
+    # The periods of the store's jobs (redis/): how soon a change of this router's load
+    # reaches the others (a request sent goes at once; a prefill is ~100 ms, so the rest
+    # within a few ms), the heartbeat that renews its lease of `load_lease_s` and reads the
+    # others' load and the shared capacity model, the figures for the autoscaler, and
+    # reconnection tries while Redis is away.
     flush_period_ms: float = Field(default=5.0, gt=0)
     heartbeat_period_s: float = Field(default=0.5, gt=0)
     load_lease_s: float = Field(default=3.0, gt=0)
