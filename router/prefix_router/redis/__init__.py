@@ -73,8 +73,8 @@ class SharedStore(Store):
         self._closed = False
 
     def _sent(self) -> None:
-        # Three routers on `unique` that waited for the flush tick to publish a send lost
-        # 3-5 ms of TTFT p50 and 40-65 ms of p99 (bench/results/compare/redis-3x-ab/).
+        # Left to the flush tick, a send reached the others up to 5 ms late, and three
+        # routers on `unique` queued more at the engines (bench/results/compare/redis-send-ab/).
         if self.peers.others:
             self.writes.kick(only_load=True)
 
