@@ -12,6 +12,9 @@ carry block hashes in hex, never prompt text):
   be:<model>              SET   backends with an lru set for the model
   ws:<bucket>             HLL   block hashes requested in one working-set bucket (a union
                                 across router replicas, not a sum)
+  h:<model>:<hash>        HASH  chains sent and not yet answered whose first block is <hash>:
+                                "<router> <backend> <last block> <blocks>" -> "<unix s>
+                                <backend> <chain>" (redis/holds.py)
   load:<router id>        HASH  i:<backend> -> this router's requests in flight there,
                                 p:<backend> -> its prompt tokens dispatched there whose
                                 prefill has not finished (expires: a dead router's load
@@ -32,6 +35,7 @@ from .config import RouterSettings as RouterSettings
 KEY_PREFIX = "prefixrouter:"
 OWNERS_INFIX = "o:"
 LRU_INFIX = "lru:"
+HOLDS_INFIX = "h:"
 BACKENDS_INFIX = "be:"
 WORKING_SET_INFIX = "ws:"
 LOAD_INFIX = "load:"
@@ -66,6 +70,10 @@ class StoreKeys:
     def owners_prefix(self, model: str) -> str:
         """Followed by a block hash in 16 hex digits: that block's owners."""
         return f"{self.prefix}{OWNERS_INFIX}{model}:"
+
+    def holds_prefix(self, model: str) -> str:
+        """Followed by a block hash in 16 hex digits: the chains sent that start with it."""
+        return f"{self.prefix}{HOLDS_INFIX}{model}:"
 
     def lru(self, model: str, backend: str) -> str:
         return f"{self.prefix}{LRU_INFIX}{model}:{backend}"

@@ -11,6 +11,7 @@ from .config import RouterSettings
 from .index import PrefixIndex
 from .index.events import EventsIndex
 from .index.local import LocalIndex
+from .index.pending import SharedHolds
 from .load import LoadTracker
 
 
@@ -34,6 +35,8 @@ class Store:
 
     # (prompt tokens, predicted cached tokens) of each request served, for the figures
     observe: Callable[[float, float], None] | None = None
+    # where the other routers see this one's requests sent and not yet answered
+    holds: SharedHolds | None = None
 
     def requested(self, model: str, hashes: list[int]) -> None:
         """A request asked for this chain (the working set the autoscaler reads)."""

@@ -237,6 +237,52 @@ async def test_a_request_sent_goes_out_at_once_when_other_routers_are_live(redis
         await b.close()
 
 
+async def live(*stores: SharedStore) -> None:
+    """Every store knows of the others (what two heartbeat periods would do)."""
+    for _ in range(2):
+        for st in stores:
+            await st.heartbeat()
+
+
+async def test_a_chain_sent_and_not_yet_answered_is_seen_by_the_other_routers(redis_server):
+    clock, a, b, _la, _lb = await pair(redis_server.url, store={"write_delay_ms": 10_000})
+    try:
+        chain = list(range(1, 41))
+        a.holds.hold("m", chain, "http://e1")  # nobody else is live yet: nothing is written
+        assert not a.holds.pending()
+        a.holds.release("m", chain, "http://e1")
+        await live(a, b)
+        a.holds.hold("m", chain, "http://e1")
+        a.holds.hold("m", chain, "http://e1")  # a second request of the same prompt
+        await a.writes.flush(only_load=True)  # what the send's kick does
+        assert await b.index.lookup("m", [*chain[:25], 999]) == {"http://e1": 25}
+        assert await b.index.lookup("m", chain + [7, 8]) == {"http://e1": 40}
+        assert await b.index.lookup("m", [999, *chain]) == {}
+        # beside what the index knows: the deeper of the two counts
+        b.index.record("m", chain[:30], "http://e2")
+        b.index.record("m", chain[:10], "http://e1")
+        await written(b)
+        assert await a.index.lookup("m", chain) == {"http://e1": 40, "http://e2": 30}
+        a.holds.release("m", chain, "http://e1")
+        await a.writes.flush()
+        assert (await b.index.lookup("m", chain))["http://e1"] == 40  # one is still out
+        a.holds.release("m", chain, "http://e1")
+        await a.writes.flush()
+        assert await b.index.lookup("m", chain) == {"http://e1": 10, "http://e2": 30}
+        # a hold whose release never came (the router died) stops counting, and goes
+        a.holds.hold("m", chain, "http://e3")
+        await a.writes.flush(only_load=True)
+        assert (await b.index.lookup("m", chain))["http://e3"] == 40
+        clock.advance(a.holds.max_age_s + 1)
+        assert "http://e3" not in await b.index.lookup("m", chain)
+        r = aioredis.from_url(redis_server.url)
+        assert await r.hlen(a.keys.holds_prefix("m") + block_hex(chain[0])) == 0
+        await r.aclose()
+    finally:
+        await a.close()
+        await b.close()
+
+
 async def test_a_new_owner_goes_out_at_once_not_at_the_next_tick(redis_server):
     _clock, a, b, _la, _lb = await pair(redis_server.url, store={"write_delay_ms": 400})
     try:

@@ -10,18 +10,29 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+from typing import Protocol
+
+
+class SharedHolds(Protocol):
+    """Where the other router replicas see this router's holds (redis/holds.py)."""
+
+    def hold(self, model: str, hashes: Sequence[int], backend: str) -> None: ...
+    def release(self, model: str, hashes: Sequence[int], backend: str) -> None: ...
 
 
 class PendingIndex:
-    __slots__ = ("_due", "_held")
+    __slots__ = ("_due", "_held", "shared")
 
     def __init__(self) -> None:
+        self.shared: SharedHolds | None = None  # set where router replicas share an index
         # (model, block hash) -> backend -> senders holding it
         self._held: dict[tuple[str, int], dict[str, int]] = {}
         # holds released at a time, not by their sender: (when, model, hashes, backend)
         self._due: list[tuple[float, str, Sequence[int], str]] = []
 
     def hold(self, model: str, hashes: Sequence[int], backend: str) -> None:
+        if self.shared is not None:
+            self.shared.hold(model, hashes, backend)
         held = self._held
         for h in hashes:
             owners = held.get((model, h))
@@ -31,6 +42,8 @@ class PendingIndex:
                 owners[backend] = owners.get(backend, 0) + 1
 
     def release(self, model: str, hashes: Sequence[int], backend: str) -> None:
+        if self.shared is not None:
+            self.shared.release(model, hashes, backend)
         held = self._held
         for h in hashes:
             owners = held.get((model, h))

@@ -29,6 +29,7 @@ from ..load import LoadTracker
 from ..store import Store, StoreStats, local_index
 from .capacity import Capacity
 from .figures import FiguresPublisher
+from .holds import SharedHolds
 from .index import SharedIndex
 from .link import FAILURES, RedisLink
 from .peers import Peers
@@ -55,7 +56,13 @@ class SharedStore(Store):
         self.link = RedisLink(st, clock)
         self.peers = Peers(self.link, self.keys, self.router_id, load, st.load_lease_s, wall)
         self.capacity = Capacity(s, self.link, self.keys, wall)
-        self.writes = WriteBack(s, self.keys, self.link, self.peers, self.capacity, clock, wall)
+        # a hold counts while its prefill could last (a stream's first-token budget)
+        self.holds = SharedHolds(
+            self.keys, self.router_id, s.first_token_budget_s, wall, lambda: self.peers.others
+        )
+        self.writes = WriteBack(
+            s, self.keys, self.link, self.peers, self.capacity, self.holds, clock, wall
+        )
         self.figures = FiguresPublisher(
             self.link, self.keys, self.router_id, load, s.block_size, clock, wall
         )

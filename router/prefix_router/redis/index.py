@@ -117,6 +117,7 @@ class SharedIndex:
         link = self._link
         args = (
             *self._peers.lookup_args(), self._keys.owners_prefix(model), chain_hex(hashes),
+            self._keys.holds_prefix(model), self._writes.holds.oldest(),
         )
         staged: Staged | None = None
         try:

@@ -69,6 +69,36 @@ if n > 0 then
     end
   end
 end
+-- ARGV[6] the model's holds key prefix, ARGV[7] the oldest hold that counts (holds.py): a
+-- chain another router sent and its engine has not answered counts to the depth it shares
+local hk = ARGV[6] .. string.sub(chain, 1, 16)
+local holds = n > 0 and redis.call('HGETALL', hk) or {}
+if #holds > 0 then
+  local depth, oldest = {}, tonumber(ARGV[7])
+  for i = 1, #out, 2 do depth[out[i]] = out[i + 1] end
+  for i = 1, #holds, 2 do
+    local v = holds[i + 1]
+    local s1 = string.find(v, ' ', 1, true)
+    local s2 = string.find(v, ' ', s1 + 1, true)
+    if tonumber(string.sub(v, 1, s1 - 1)) < oldest then
+      redis.call('HDEL', hk, holds[i])
+    else
+      local b, held = string.sub(v, s1 + 1, s2 - 1), string.sub(v, s2 + 1)
+      local lo, hi = 0, math.min(n, #held / 16) + 1  -- lo leading blocks shared, hi not
+      while hi - lo > 1 do
+        local mid = math.floor((lo + hi) / 2)
+        if string.sub(chain, 1, 16 * mid) == string.sub(held, 1, 16 * mid) then
+          lo = mid
+        else
+          hi = mid
+        end
+      end
+      if lo > (depth[b] or 0) then depth[b] = lo end
+    end
+  end
+  out = {}
+  for b, d in pairs(depth) do out[#out + 1] = b; out[#out + 1] = d end
+end
 """ + _SUM_LOAD + """
 return {out, load}
 """)

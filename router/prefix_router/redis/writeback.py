@@ -22,6 +22,7 @@ from ..config import RouterSettings
 from ..contract import WORKING_SET_BUCKET_S, WORKING_SET_WINDOW_S, StoreKeys
 from ..index.local import LocalIndex
 from .capacity import Capacity
+from .holds import SharedHolds
 from .link import FAILURES, RedisLink
 from .peers import Peers
 from .scripts import block_hex, chain_hex
@@ -54,10 +55,12 @@ class WriteBack:
         link: RedisLink,
         peers: Peers,
         capacity: Capacity,
+        holds: SharedHolds,
         clock: Callable[[], float],
         wall: Callable[[], float] = time.time,
     ) -> None:
         self._peers = peers
+        self.holds = holds
         self._capacity = capacity
         self.flushes = 0  # round trips of writes alone (lookups carry the others)
         self.flushing: asyncio.Task[None] | None = None
@@ -117,7 +120,10 @@ class WriteBack:
         self.working_set.extend(hashes)
 
     def pending(self) -> bool:
-        return bool(self.records or self.drops or self.truncates or self.working_set)
+        return bool(
+            self.records or self.drops or self.truncates or self.working_set
+            or self.holds.pending()
+        )
 
     def due(self) -> bool:
         """Whether the queue must go now rather than wait for a lookup to carry it."""
@@ -129,8 +135,9 @@ class WriteBack:
 
     def stage(self, pipe: Any, wall_now: float) -> Staged:
         """Move the queue onto `pipe`: records, truncations, drops, working-set hashes, and
-        this router's load (writes follow dispatches: the others see the load as fresh)."""
+        this router's load and holds (writes follow dispatches: the others see them fresh)."""
         self._peers.stage_load(pipe)
+        self.holds.stage(pipe)
         link, keys = self._link, self._keys
         staged = Staged(self.records[:BATCH], self.truncates, self.drops)
         self.records = self.records[BATCH:]
@@ -186,9 +193,10 @@ class WriteBack:
         return mine
 
     def kick(self, only_load: bool = False) -> None:
-        """Write now rather than at the next flush: a new owner, or a request just sent, is
-        news for the other routers, who would otherwise place the same kind of request on the
-        backend this one just filled (both see it as the least loaded)."""
+        """Write now rather than at the next flush: a new owner, or a request just sent (its
+        load and hold: `only_load`), is news for the other routers, who would otherwise place
+        the same kind of request on the backend this one just filled (both see it as the
+        least loaded)."""
         if self._link.down or self.closed or (self.flushing and not self.flushing.done()):
             return
         try:
@@ -197,13 +205,15 @@ class WriteBack:
             pass
 
     async def flush(self, only_load: bool = False) -> None:
-        """Send the queued writes (or, with `only_load`, this router's load alone)."""
+        """Send the queued writes (or, with `only_load`, this router's load and holds)."""
         if self._link.down:
             return
         pipe = self._link.pipeline()
         staged = None
         if only_load:
-            if not self._peers.stage_load(pipe):
+            news = self.holds.pending()
+            self.holds.stage(pipe)
+            if not self._peers.stage_load(pipe) and not news:
                 return
         elif self.pending():
             staged = self.stage(pipe, self._wall())
