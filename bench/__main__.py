@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import json
 import shlex
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,9 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
     command = ".venv/bin/python -m bench " + shlex.join(argv)
+    # SIGTERM (a CI timeout, `kill`) stops a run as Ctrl-C does: the fleet's processes run in
+    # their own sessions, and only the unwinding stops them
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         import uvloop
 
