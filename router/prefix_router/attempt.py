@@ -33,6 +33,7 @@ class Attempt:
         "closed",
         "confirmed",
         "held",
+        "news",
         "prefill",
         "prefilled",
         "route",
@@ -53,9 +54,13 @@ class Attempt:
         self.prefill = max(route.prompt_tokens - self.predicted(), 0.0)
         sched.load.start(backend, self.prefill)
         sched.metrics.set_inflight(backend, sched.load.own_inflight(backend))
+        d = route.decision
+        # the prompt is news here: this backend did not hold it all (the other routers are
+        # shown the hold, and told of the record at once)
+        self.news = backend != d.backend or d.reason != "hit"
         self.held = sched.profile.uses_index and bool(route.hashes)
         if self.held:
-            sched.pending.hold(route.parsed.model, route.hashes, backend)
+            sched.pending.hold(route.parsed.model, route.hashes, backend, share=self.news)
         self.sent_at = sched.clock()
         self.slow: asyncio.TimerHandle | None = None
         if route.parsed.stream:
@@ -103,7 +108,7 @@ class Attempt:
             if self.held:
                 self.held = False
                 self._own(r.hashes)
-                sched.pending.release(r.parsed.model, r.hashes, self.backend)
+                sched.pending.release(r.parsed.model, r.hashes, self.backend, share=self.news)
         sched.metrics.ttft.observe(time.perf_counter() - r.started)
         if streamed:
             steps = sched.signals.steps
@@ -126,7 +131,7 @@ class Attempt:
             until = sched.clock() + s.events.speculative_s
             sched.speculative.hold_until(r.parsed.model, hashes[start:], self.backend, until)
             return
-        news = not known and (self.backend != d.backend or d.reason != "hit")
+        news = not known and self.news
         sched.index.record(r.parsed.model, hashes, self.backend, news=news, known=known)
 
     def chunk(self) -> None:
@@ -202,4 +207,4 @@ class Attempt:
         if self.held:
             self.held = False
             r = self.route
-            sched.pending.release(r.parsed.model, r.hashes, backend)
+            sched.pending.release(r.parsed.model, r.hashes, backend, share=self.news)

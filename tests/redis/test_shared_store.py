@@ -4,6 +4,7 @@ store's jobs (flush, heartbeat, figures, reconnection) where the timers would.""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -13,6 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from prefix_operator.figures import aggregate
+from prefix_router.attempt import Attempt
 from prefix_router.backends import BackendSet
 from prefix_router.config import RouterSettings
 from prefix_router.contract import RouterFigures
@@ -256,7 +258,7 @@ async def test_a_chain_sent_and_not_yet_answered_is_seen_by_the_other_routers(re
         a.holds.hold("m", chain, "http://e1")  # a second request of the same prompt
         await a.writes.flush(only_load=True)  # what the send's kick does
         assert await b.index.lookup("m", [*chain[:25], 999]) == {"http://e1": 25}
-        assert await b.index.lookup("m", chain + [7, 8]) == {"http://e1": 40}
+        assert await b.index.lookup("m", [*chain, 7, 8]) == {"http://e1": 40}
         assert await b.index.lookup("m", [999, *chain]) == {}
         # beside what the index knows: the deeper of the two counts
         b.index.record("m", chain[:30], "http://e2")
@@ -278,6 +280,40 @@ async def test_a_chain_sent_and_not_yet_answered_is_seen_by_the_other_routers(re
         r = aioredis.from_url(redis_server.url)
         assert await r.hlen(a.keys.holds_prefix("m") + block_hex(chain[0])) == 0
         await r.aclose()
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_request_behind_one_another_router_sent_follows_it(redis_server):
+    # router A sends a new prompt; before its engine answers, router B gets the same prefix
+    _clock, a, b, la, lb = await pair(redis_server.url, store={"write_delay_ms": 10_000})
+    try:
+        members = BackendSet()
+        members.set_members([f"http://e{i}" for i in range(4)])
+        scheds = []
+        for store, load in ((a, la), (b, lb)):
+            sched = Scheduler(store.settings, members, store.index, load, RouterMetrics())
+            sched.pending.shared = store.holds
+            scheds.append(sched)
+        await live(a, b)
+
+        def prompt(question: str):
+            body = {"model": "m", "prompt": "the same long document " * 60 + question}
+            return parse_request(json.dumps(body).encode(), "completions")
+
+        first = await scheds[0].route(prompt("one"))
+        assert first.decision.reason == "miss"
+        with Attempt(scheds[0], first, first.decision.backend):
+            await a.writes.flushing  # the send's kick carries the hold
+            behind = await scheds[1].route(prompt("two"))
+            assert behind.decision.backend == first.decision.backend
+            assert behind.decision.reason == "hit"
+            # a hit's hold is not shown: its new blocks are its own question
+            with Attempt(scheds[1], behind, behind.decision.backend):
+                assert not b.holds.pending()
+        await a.writes.flush()
+        assert await b.index.lookup("m", first.hashes) == {}  # released; nothing recorded
     finally:
         await a.close()
         await b.close()

@@ -30,8 +30,11 @@ class PendingIndex:
         # holds released at a time, not by their sender: (when, model, hashes, backend)
         self._due: list[tuple[float, str, Sequence[int], str]] = []
 
-    def hold(self, model: str, hashes: Sequence[int], backend: str) -> None:
-        if self.shared is not None:
+    def hold(
+        self, model: str, hashes: Sequence[int], backend: str, share: bool = False
+    ) -> None:
+        """`share`: the other routers are shown it too (a chain new to the backend)."""
+        if share and self.shared is not None:
             self.shared.hold(model, hashes, backend)
         held = self._held
         for h in hashes:
@@ -41,8 +44,10 @@ class PendingIndex:
             else:
                 owners[backend] = owners.get(backend, 0) + 1
 
-    def release(self, model: str, hashes: Sequence[int], backend: str) -> None:
-        if self.shared is not None:
+    def release(
+        self, model: str, hashes: Sequence[int], backend: str, share: bool = False
+    ) -> None:
+        if share and self.shared is not None:
             self.shared.release(model, hashes, backend)
         held = self._held
         for h in hashes:

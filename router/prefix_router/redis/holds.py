@@ -5,8 +5,9 @@ holds the chain locally (index/pending.py), so requests right behind it follow i
 router does not see that hold, and for a long prompt the window is a whole prefill: on
 `customers` at 5-10 req/s three routers sent a request after another router's same-prefix
 request to a different backend, and prefilled it twice (bench/results/compare/NOTES.md). So
-each hold is also written to Redis under its chain's first block, and every lookup merges the
-holds of that block: the depth a backend will hold once its prefill ends.
+a hold of a chain new to its backend (not a hit: a hit's new blocks are its own question) is
+also written to Redis under the chain's first block, and every lookup merges the holds of
+that block: the depth a backend will hold once its prefill ends.
 
 A hold goes out with the send (the load's kick); its release rides on the next write. A hold
 whose release was lost (Redis away, the router gone) stops counting after `max_age_s`, and
