@@ -416,11 +416,14 @@ async def test_a_slow_redis_is_not_a_down_redis(redis_server):
 async def test_redis_down_routes_on_local_state_and_loses_no_write(redis_server):
     clock, a, b, _la, _lb = await pair(redis_server.url)
     try:
+        await live(a, b)
         a.index.record("m", [7, 8, 9], "http://e1")
         await written(a)
         redis_server.stop()
         assert await a.index.lookup("m", [7, 8, 9]) == {"http://e1": 3}  # its local table
         assert a.index.degraded
+        a.holds.hold("m", [7, 8, 9], "http://e1")  # a hold is not queued while Redis is away
+        assert not a.holds.pending()
         a.index.record("m", [10, 11], "http://e2")  # queued, not lost
         await a.writes.flush()  # down: not even tried
         redis_server.start()  # back, and empty

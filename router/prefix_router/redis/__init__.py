@@ -56,9 +56,11 @@ class SharedStore(Store):
         self.link = RedisLink(st, clock)
         self.peers = Peers(self.link, self.keys, self.router_id, load, st.load_lease_s, wall)
         self.capacity = Capacity(s, self.link, self.keys, wall)
-        # a hold counts while its prefill could last (a stream's first-token budget)
+        # A hold counts while its prefill could last (a stream's first-token budget). None
+        # is queued while Redis is away: it would be stale when written, and the queue unbounded.
         self.holds = SharedHolds(
-            self.keys, self.router_id, s.first_token_budget_s, wall, lambda: self.peers.others
+            self.keys, self.router_id, s.first_token_budget_s, wall,
+            lambda: 0 if self.link.down else self.peers.others,
         )
         self.writes = WriteBack(
             s, self.keys, self.link, self.peers, self.capacity, self.holds, clock, wall
