@@ -228,8 +228,9 @@ class WriteBack:
             self._link.fail(exc)
 
     async def tick(self) -> None:
-        """The flush timer: writes that must go now, else this router's load if it changed."""
+        """The flush timer: writes that must go now, else this router's load if it changed
+        and its holds."""
         if self.due():
             await self.flush()
-        elif self._peers.load_changed():
+        elif self._peers.load_changed() or self.holds.pending():
             await self.flush(only_load=True)
