@@ -353,7 +353,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
         "is back to 90% of its mean before the kill", "shared-store",
         setups=("prefix-3x-redis",), seconds=120.0, sample_s=5.0, redis_down=(1 / 3, 0.5),
         columns=("router", "requests_sent", "errors", "recovery_s", "engine_hit_rate"),
-        plot="timeline", report="fault.md",
+        plot="timeline", report="fault.md", tag="fault",  # beside shared-store's points
         rules=(Rule("no request failed", "errors", {}, "<=", 0),
                Rule("hit rate back within 30 s of Redis's return", "recovery_s", {}, "<=", 30))),
     Scenario(

@@ -64,6 +64,21 @@ def test_point_files_keep_the_names_of_the_committed_results() -> None:
         "results/overhead/prefix-redis.json")
 
 
+def test_no_two_scenarios_write_the_same_point_file() -> None:
+    # a scenario sharing another's folder (fault beside shared-store) must not overwrite it
+    written: dict[str, str] = {}
+    for sc in SCENARIOS.values():
+        if sc.kind != "routing" or not sc.out:
+            continue
+        for w in sc.workloads:
+            for one in sc.setups:
+                name = one if isinstance(one, str) else one.name
+                for rate in sc.rates_of(w):
+                    for client in sc.clients:
+                        path = str(point_path(sc, w, name, rate, client))
+                        assert written.setdefault(path, sc.name) == sc.name, path
+
+
 def test_the_command_line_overrides_the_declaration() -> None:
     args = parser().parse_args(["overhead", "--setups", "prefix", "prefix,upstream_client=x",
                                 "--repeat", "3"])
