@@ -67,6 +67,15 @@ async def pair(url: str, **kw):
     return clock, a, b, la, lb
 
 
+def scheduler(store: SharedStore, load: LoadTracker, backends: list[str]) -> Scheduler:
+    """A router's scheduler on `store`, wired as the app wires it (no HTTP)."""
+    members = BackendSet()
+    members.set_members(backends)
+    sched = Scheduler(store.settings, members, store.index, load, RouterMetrics())
+    sched.pending.shared = store.holds
+    return sched
+
+
 async def written(s: SharedStore) -> None:
     """Everything `s` has queued is in Redis (what the flush timer would do)."""
     if s.writes.flushing is not None:
@@ -184,9 +193,7 @@ async def test_a_decision_counts_the_load_its_own_lookup_brought(redis_server):
     # this very decision (bench/results/compare/redis-3x-ab/).
     _clock, a, b, la, lb = await pair(redis_server.url)
     try:
-        members = BackendSet()
-        members.set_members(["http://e1", "http://e2"])
-        sched = Scheduler(a.settings, members, a.index, la, RouterMetrics())
+        sched = scheduler(a, la, ["http://e1", "http://e2"])
         la.start("http://e2", 0)  # A's own request on e2
         for _ in range(3):
             lb.start("http://e1", 0)  # B's three on e1, which A has not heard of yet
@@ -290,13 +297,8 @@ async def test_a_request_behind_one_another_router_sent_follows_it(redis_server)
     # router A sends a new prompt; before its engine answers, router B gets the same prefix
     _clock, a, b, la, lb = await pair(redis_server.url, store={"write_delay_ms": 10_000})
     try:
-        members = BackendSet()
-        members.set_members([f"http://e{i}" for i in range(4)])
-        scheds = []
-        for store, load in ((a, la), (b, lb)):
-            sched = Scheduler(store.settings, members, store.index, load, RouterMetrics())
-            sched.pending.shared = store.holds
-            scheds.append(sched)
+        backends = [f"http://e{i}" for i in range(4)]
+        scheds = [scheduler(a, la, backends), scheduler(b, lb, backends)]
         await live(a, b)
 
         def prompt(question: str):
