@@ -83,11 +83,15 @@ if #holds > 0 then
     if tonumber(string.sub(v, 1, s1 - 1)) < oldest then
       redis.call('HDEL', hk, holds[i])
     else
-      local b, held = string.sub(v, s1 + 1, s2 - 1), string.sub(v, s2 + 1)
-      local lo, hi = 0, math.min(n, #held / 16) + 1  -- lo leading blocks shared, hi not
+      -- Block hashes are chained: two chains share their first k blocks iff their k-th
+      -- hashes are equal, so the depth is a binary search over single 16-digit words, read
+      -- in place (comparing whole prefixes cost ~0.1 ms a hold of 400 blocks).
+      local b = string.sub(v, s1 + 1, s2 - 1)
+      local lo, hi = 0, math.min(n, (#v - s2) / 16) + 1  -- lo leading blocks shared, hi not
       while hi - lo > 1 do
         local mid = math.floor((lo + hi) / 2)
-        if string.sub(chain, 1, 16 * mid) == string.sub(held, 1, 16 * mid) then
+        local e = 16 * mid
+        if string.sub(chain, e - 15, e) == string.sub(v, s2 + e - 15, s2 + e) then
           lo = mid
         else
           hi = mid
