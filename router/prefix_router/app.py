@@ -163,8 +163,7 @@ def build_app(settings: RouterSettings, discovery: Discovery | None = None) -> w
         settings, backends, the_store.index, load, metrics_,
         observe=the_store.observe, requested=the_store.requested,
     )
-    if settings.index != "events":  # with events every router's index is the engines'
-        sched.pending.shared = the_store.holds
+    sched.pending.shared = the_store.holds
     backends.on_gone(the_store.index.drop_backend)
     backends.on_gone(load.forget)
     backends.on_gone(sched.left)

@@ -11,7 +11,7 @@ from .config import RouterSettings
 from .index import PrefixIndex
 from .index.events import EventsIndex
 from .index.local import LocalIndex
-from .index.pending import SharedHolds
+from .index.pending import PeerHolds
 from .load import LoadTracker
 
 
@@ -36,7 +36,7 @@ class Store:
     # (prompt tokens, predicted cached tokens) of each request served, for the figures
     observe: Callable[[float, float], None] | None = None
     # where the other routers see this one's requests sent and not yet answered
-    holds: SharedHolds | None = None
+    holds: PeerHolds | None = None
 
     def requested(self, model: str, hashes: list[int]) -> None:
         """A request asked for this chain (the working set the autoscaler reads)."""

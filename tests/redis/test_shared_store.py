@@ -257,12 +257,12 @@ async def test_a_chain_sent_and_not_yet_answered_is_seen_by_the_other_routers(re
     clock, a, b, _la, _lb = await pair(redis_server.url, store={"write_delay_ms": 10_000})
     try:
         chain = list(range(1, 41))
-        a.holds.hold("m", chain, "http://e1")  # nobody else is live yet: nothing is written
-        assert not a.holds.pending()
-        a.holds.release("m", chain, "http://e1")
+        a.writes.holds.hold("m", chain, "http://e1")  # nobody else is live yet: nothing is written
+        assert not a.writes.holds.pending()
+        a.writes.holds.release("m", chain, "http://e1")
         await live(a, b)
-        a.holds.hold("m", chain, "http://e1")
-        a.holds.hold("m", chain, "http://e1")  # a second request of the same prompt
+        a.writes.holds.hold("m", chain, "http://e1")
+        a.writes.holds.hold("m", chain, "http://e1")  # a second request of the same prompt
         await a.writes.flush(only_load=True)  # what the send's kick does
         assert await b.index.lookup("m", [*chain[:25], 999]) == {"http://e1": 25}
         assert await b.index.lookup("m", [*chain, 7, 8]) == {"http://e1": 40}
@@ -272,18 +272,18 @@ async def test_a_chain_sent_and_not_yet_answered_is_seen_by_the_other_routers(re
         b.index.record("m", chain[:10], "http://e1")
         await written(b)
         assert await a.index.lookup("m", chain) == {"http://e1": 40, "http://e2": 30}
-        a.holds.release("m", chain, "http://e1")
+        a.writes.holds.release("m", chain, "http://e1")
         await a.writes.flush()
         assert (await b.index.lookup("m", chain))["http://e1"] == 40  # one is still out
-        a.holds.release("m", chain, "http://e1")
+        a.writes.holds.release("m", chain, "http://e1")
         await a.writes.flush()
         assert await b.index.lookup("m", chain) == {"http://e1": 10, "http://e2": 30}
         # a hold whose release never came (the router died) stops counting, and goes
         a.index.record("m", [555], "http://e1")  # a write that may wait for a lookup
-        a.holds.hold("m", chain, "http://e3")
+        a.writes.holds.hold("m", chain, "http://e3")
         await a.writes.tick()  # a hold the send's kick missed goes at the next tick
         assert (await b.index.lookup("m", chain))["http://e3"] == 40
-        clock.advance(a.holds.max_age_s + 1)
+        clock.advance(a.writes.holds.max_age_s + 1)
         assert "http://e3" not in await b.index.lookup("m", chain)
         r = aioredis.from_url(redis_server.url)
         assert await r.hlen(a.keys.holds_prefix("m") + block_hex(chain[0])) == 0
@@ -314,7 +314,7 @@ async def test_a_request_behind_one_another_router_sent_follows_it(redis_server)
             assert behind.decision.reason == "hit"
             # a hit's hold is not shown: its new blocks are its own question
             with Attempt(scheds[1], behind, behind.decision.backend):
-                assert not b.holds.pending()
+                assert not b.writes.holds.pending()
         await a.writes.flush()
         assert await b.index.lookup("m", first.hashes) == {}  # released; nothing recorded
     finally:
@@ -425,8 +425,8 @@ async def test_redis_down_routes_on_local_state_and_loses_no_write(redis_server)
         redis_server.stop()
         assert await a.index.lookup("m", [7, 8, 9]) == {"http://e1": 3}  # its local table
         assert a.index.degraded
-        a.holds.hold("m", [7, 8, 9], "http://e1")  # a hold is not queued while Redis is away
-        assert not a.holds.pending()
+        a.writes.holds.hold("m", [7, 8, 9], "http://e1")  # a hold is not queued while Redis is away
+        assert not a.writes.holds.pending()
         a.index.record("m", [10, 11], "http://e2")  # queued, not lost
         await a.writes.flush()  # down: not even tried
         redis_server.start()  # back, and empty

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 
-class SharedHolds(Protocol):
+class PeerHolds(Protocol):
     """Where the other router replicas see this router's holds (redis/holds.py)."""
 
     def hold(self, model: str, hashes: Sequence[int], backend: str) -> None: ...
@@ -24,7 +24,7 @@ class PendingIndex:
     __slots__ = ("_due", "_held", "shared")
 
     def __init__(self) -> None:
-        self.shared: SharedHolds | None = None  # set where router replicas share an index
+        self.shared: PeerHolds | None = None  # set where router replicas share an index
         # (model, block hash) -> backend -> senders holding it
         self._held: dict[tuple[str, int], dict[str, int]] = {}
         # holds released at a time, not by their sender: (when, model, hashes, backend)

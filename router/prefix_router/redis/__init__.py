@@ -58,12 +58,12 @@ class SharedStore(Store):
         self.capacity = Capacity(s, self.link, self.keys, wall)
         # A hold counts while its prefill could last (a stream's first-token budget). None
         # is queued while Redis is away: it would be stale when written, and the queue unbounded.
-        self.holds = SharedHolds(
+        holds = SharedHolds(
             self.keys, self.router_id, s.first_token_budget_s, wall,
             lambda: 0 if self.link.down else self.peers.others,
         )
         self.writes = WriteBack(
-            s, self.keys, self.link, self.peers, self.capacity, self.holds, clock, wall
+            s, self.keys, self.link, self.peers, self.capacity, holds, clock, wall
         )
         self.figures = FiguresPublisher(
             self.link, self.keys, self.router_id, load, s.block_size, clock, wall
@@ -75,6 +75,8 @@ class SharedStore(Store):
         # with the engines' events every router builds the same index from them (events/):
         # the store then carries the load, the figures and the working set, not the index
         super().__init__(local_index(s) if s.index == "events" else self.shared)
+        # and no lookup would read this router's holds
+        self.holds = None if s.index == "events" else holds
         self.observe = self.figures.observe
         load.on_start = self._sent
         self.timer_round_trips = 0
