@@ -197,7 +197,7 @@ async def test_a_decision_counts_the_load_its_own_lookup_brought(redis_server):
         la.start("http://e2", 0)  # A's own request on e2
         for _ in range(3):
             lb.start("http://e1", 0)  # B's three on e1, which A has not heard of yet
-        await b.writes.flush(only_load=True)
+        await b.writes.flush()
         assert la.inflight("http://e1") == 0
         body = b'{"model": "m", "prompt": "%s"}' % (b"a new prompt " * 100)
         route = await sched.route(parse_request(body, "completions"))
@@ -208,17 +208,25 @@ async def test_a_decision_counts_the_load_its_own_lookup_brought(redis_server):
         await b.close()
 
 
-async def test_a_change_of_load_goes_at_the_flush_tick_without_the_queued_writes(redis_server):
-    _clock, a, b, la, lb = await pair(redis_server.url, store={"write_delay_ms": 400})
+async def test_a_change_of_load_carries_the_queued_writes(redis_server):
+    # A conversation's next turn is recorded as its answer ends, and the client sends that
+    # turn at once, often through another router: the record must not wait for this router's
+    # next lookup when the load change of the request's end makes a round trip anyway.
+    _clock, a, b, la, lb = await pair(redis_server.url, store={"write_delay_ms": 10_000})
     try:
+        await a.writes.tick()  # A's first load (none) is out
         a.index.record("m", [7, 8], "http://e1")
+        await a.writes.tick()  # no load change, not due: the record waits
+        assert await b.index.lookup("m", [7, 8]) == {}
         la.start("http://e1", 300)
-        await a.writes.tick()  # the record may wait; the load may not
-        assert await b.index.lookup("m", [7, 8]) == {}  # the record still waits at A...
-        assert lb.inflight("http://e1") == 1  # ...but its load is out
+        await a.writes.tick()
+        assert await b.index.lookup("m", [7, 8, 9]) == {"http://e1": 2}
+        assert lb.inflight("http://e1") == 1
         assert lb.pending_prefill("http://e1") == 300
+        trips = a.stats().round_trips
         la.finish("http://e1")
         await a.writes.tick()
+        assert a.stats().round_trips == trips + 1
         await b.index.lookup("m", [5])
         assert lb.inflight("http://e1") == 0
     finally:
@@ -263,7 +271,7 @@ async def test_a_chain_sent_and_not_yet_answered_is_seen_by_the_other_routers(re
         await live(a, b)
         a.writes.holds.hold("m", chain, "http://e1")
         a.writes.holds.hold("m", chain, "http://e1")  # a second request of the same prompt
-        await a.writes.flush(only_load=True)  # what the send's kick does
+        await a.writes.flush()  # what the send's kick does
         assert await b.index.lookup("m", [*chain[:25], 999]) == {"http://e1": 25}
         assert await b.index.lookup("m", [*chain, 7, 8]) == {"http://e1": 40}
         assert await b.index.lookup("m", [999, *chain]) == {}
@@ -368,6 +376,7 @@ async def test_occupancy_and_tail_age_come_from_the_shared_capacity_model(redis_
 async def test_writes_ride_on_the_next_lookup_or_go_after_the_write_delay(redis_server):
     clock, a, b, _la, _lb = await pair(redis_server.url, store={"write_delay_ms": 400})
     try:
+        await a.writes.tick()  # A's first load (none) is out: from now on it is unchanged
         a.index.record("m", [1, 2], "http://e1")
         await a.writes.tick()
         assert await b.index.lookup("m", [1, 2]) == {}  # still queued at A

@@ -87,7 +87,7 @@ class SharedStore(Store):
         # Left to the flush tick, a send reached the others up to 5 ms late, and three
         # routers on `unique` queued more at the engines (bench/results/compare/redis-send-ab/).
         if self.peers.others:
-            self.writes.kick(only_load=True)
+            self.writes.kick()
 
     def requested(self, model: str, hashes: list[int]) -> None:
         self.writes.add_working_set(hashes)

@@ -1,10 +1,11 @@
 """The write-back queue: index writes waiting to go to Redis, and when they must go.
 
-Writes wait for the next lookup to carry them (a request then costs one round trip, not a
-lookup plus a write), up to `write_delay_ms`. News goes at once: a backend newly owning a
-prefix, a backend gone, a long queue. A write that fails goes back to the queue, sent again
-once Redis is back: nothing is lost, and under a long outage the queue is bounded (the
-oldest records wait, the newest are dropped).
+Writes wait for a round trip that goes anyway to carry them (a request then costs no round
+trip of its own for its writes): the next lookup, or the flush of a change of this router's
+load, which each request's send, first token and end make; with no traffic, `write_delay_ms`
+at most. News goes at once: a backend newly owning a prefix, a backend gone, a long queue. A
+write that fails goes back to the queue, sent again once Redis is back: nothing is lost, and
+under a long outage the queue is bounded (the oldest records wait, the newest are dropped).
 
 Until written, the router's own writes are merged into the shared answers (`own_match`), so
 its next request sees them at once.
@@ -192,45 +193,38 @@ class WriteBack:
                     mine[b] = d
         return mine
 
-    def kick(self, only_load: bool = False) -> None:
+    def kick(self) -> None:
         """Write now rather than at the next flush: a new owner, or a request just sent (its
-        load and hold: `only_load`), is news for the other routers, who would otherwise place
-        the same kind of request on the backend this one just filled (both see it as the
-        least loaded)."""
+        load and hold), is news for the other routers, who would otherwise place the same
+        kind of request on the backend this one just filled (both see it as the least
+        loaded)."""
         if self._link.down or self.closed or (self.flushing and not self.flushing.done()):
             return
         try:
-            self.flushing = asyncio.get_running_loop().create_task(self.flush(only_load))
+            self.flushing = asyncio.get_running_loop().create_task(self.flush())
         except RuntimeError:  # no loop (a synchronous caller): the flush timer carries it
             pass
 
-    async def flush(self, only_load: bool = False) -> None:
-        """Send the queued writes (or, with `only_load`, this router's load and holds)."""
-        if self._link.down:
+    async def flush(self) -> None:
+        """Send every queued write, with this router's load and holds. Whatever makes a round
+        trip go, every write rides on it: a conversation's next turn, recorded as its answer
+        ends, reaches the other routers with the load change that follows, before the client
+        sends that turn to one of them."""
+        if self._link.down or not (self.pending() or self._peers.load_changed()):
             return
         pipe = self._link.pipeline()
-        staged = None
-        if only_load:
-            news = self.holds.pending()
-            self.holds.stage(pipe)
-            if not self._peers.stage_load(pipe) and not news:
-                return
-        elif self.pending():
-            staged = self.stage(pipe, self._wall())
-        else:
-            return
+        staged = self.stage(pipe, self._wall())
+        if not len(pipe):
+            return  # the load's version moved, its figures did not
         try:
             await pipe.execute()
             self.flushes += 1
         except FAILURES as exc:
             self.unstage(staged)
-            self._peers.unpublish()
             self._link.fail(exc)
 
     async def tick(self) -> None:
-        """The flush timer: writes that must go now, else this router's load if it changed
-        and its holds."""
-        if self.due():
+        """The flush timer: writes that must go now, a change of this router's load, or
+        holds waiting make a round trip (and the writes that could wait ride on it)."""
+        if self.due() or self._peers.load_changed() or self.holds.pending():
             await self.flush()
-        elif self._peers.load_changed() or self.holds.pending():
-            await self.flush(only_load=True)
