@@ -73,8 +73,9 @@ class StoreSettings(_Strict):
     timeout_factor: float = Field(default=4.0, ge=1)
     # Near-cache entries older than this are re-read from the store.
     near_cache_ttl_ms: float = Field(default=250.0, ge=0)
-    # Longest a write (new ownership) waits for a lookup to carry it to the store before it
-    # is sent on its own: other routers see this router's records at most this late.
+    # Longest a write (new ownership) waits for a round trip that goes anyway (a lookup, a
+    # change of this router's load) to carry it to the store before it is sent on its own:
+    # other routers see this router's records at most this late.
     write_delay_ms: float = Field(default=100.0, ge=0)
     max_entries_per_model: int = Field(default=2_000_000, ge=1000)
     # This router's name in the store (its load, heartbeat and figures); default: the host
