@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 class LoadTracker:
     __slots__ = (
-        "_external", "_inflight", "_pending", "_remote", "_remote_pending", "on_start", "version",
+        "_external", "_inflight", "_pending", "_remote", "_remote_pending", "on_edge", "version",
     )
 
     def __init__(self) -> None:
@@ -26,15 +26,16 @@ class LoadTracker:
         # bumped on every change of this router's own load, so a shared store can tell
         # cheaply whether there is anything new to publish
         self.version = 0
-        # called as each request is sent: a shared store tells the other routers at once
-        self.on_start: Callable[[], None] | None = None
+        # called as each request is sent and as it ends: a shared store tells the other
+        # routers at once (with the end goes the answer's record, for the next turn)
+        self.on_edge: Callable[[], None] | None = None
 
     def start(self, backend: str, prefill_tokens: float) -> None:
         self._inflight[backend] = self._inflight.get(backend, 0) + 1
         self._pending[backend] = self._pending.get(backend, 0.0) + prefill_tokens
         self.version += 1
-        if self.on_start is not None:
-            self.on_start()
+        if self.on_edge is not None:
+            self.on_edge()
 
     def first_byte(self, backend: str, prefill_tokens: float) -> None:
         left = self._pending.get(backend, 0.0) - prefill_tokens
@@ -45,6 +46,8 @@ class LoadTracker:
         n = self._inflight.get(backend, 0) - 1
         self._inflight[backend] = n if n > 0 else 0
         self.version += 1
+        if self.on_edge is not None:
+            self.on_edge()
 
     def engine_report(self, backend: str, running_plus_waiting: float) -> None:
         # what the engine runs beyond what the routers we know of sent it

@@ -249,6 +249,14 @@ async def test_a_request_sent_goes_out_at_once_when_other_routers_are_live(redis
         await b.index.lookup("m", [5])
         assert lb.inflight("http://e2") == 1
         assert lb.pending_prefill("http://e2") == 200
+        # its end goes at once too, with the answer's record for the conversation's next turn
+        await a.writes.flushing
+        a.index.record("m", [61, 62, 63], "http://e2")  # not news: it would wait
+        la.finish("http://e2")
+        assert a.writes.flushing is not None and not a.writes.flushing.done()
+        await a.writes.flushing
+        assert await b.index.lookup("m", [61, 62, 63]) == {"http://e2": 3}
+        assert lb.inflight("http://e2") == 0
     finally:
         await a.close()
         await b.close()

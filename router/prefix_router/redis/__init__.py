@@ -78,14 +78,16 @@ class SharedStore(Store):
         # and no lookup would read this router's holds
         self.holds = None if s.index == "events" else holds
         self.observe = self.figures.observe
-        load.on_start = self._sent
+        load.on_edge = self._edge
         self.timer_round_trips = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
 
-    def _sent(self) -> None:
+    def _edge(self) -> None:
         # Left to the flush tick, a send reached the others up to 5 ms late, and three
         # routers on `unique` queued more at the engines (bench/results/compare/redis-send-ab/).
+        # An end carries the answer's record: the client sends the conversation's next turn
+        # at once, often to another router (bench/results/compare/redis-piggyback-ab/).
         if self.peers.others:
             self.writes.kick()
 
