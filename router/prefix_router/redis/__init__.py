@@ -87,7 +87,7 @@ class SharedStore(Store):
         # Left to the flush tick, a send reached the others up to 5 ms late, and three
         # routers on `unique` queued more at the engines (bench/results/compare/redis-send-ab/).
         # An end carries the answer's record: the client sends the conversation's next turn
-        # at once, often to another router (bench/results/compare/redis-piggyback-ab/).
+        # at once, often to another router (bench/results/compare/redis-edge-ab/).
         if self.peers.others:
             self.writes.kick()
 

@@ -197,7 +197,7 @@ class WriteBack:
         """Write now rather than at the next flush: a new owner, or a request just sent (its
         load and hold), is news for the other routers, who would otherwise place the same
         kind of request on the backend this one just filled (both see it as the least
-        loaded)."""
+        loaded); so is a request's end, with its answer's record for the next turn."""
         if self._link.down or self.closed or (self.flushing and not self.flushing.done()):
             return
         try:
