@@ -77,10 +77,11 @@ def cell(row: Mapping[str, Any], key: str) -> str:
     return fmt(v) if s is None or fmt(s[0]) == fmt(s[1]) else f"{fmt(v)} ({fmt(s[0])}-{fmt(s[1])})"
 
 
-def md_table(headers: Sequence[str], body: Iterable[Sequence[str]]) -> list[str]:
-    """A markdown table; a pipe inside a cell would end it."""
+def md_table(headers: Sequence[str], body: Iterable[Iterable[Any]]) -> list[str]:
+    """A markdown table of cells as `str` writes them (`fmt` or `cell` first for figures); a
+    pipe inside a cell would end it."""
     return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers),
-            *("| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in body)]
+            *("| " + " | ".join(str(c).replace("|", "/") for c in row) + " |" for row in body)]
 
 
 def _matches(row: Mapping[str, Any], where: Mapping[str, Any]) -> bool:

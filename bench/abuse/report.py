@@ -156,10 +156,6 @@ def held(r: Mapping[str, Any], must_only: bool = False) -> bool:
     return all(ok for _b, _m, ok, must in bars(r) if must or not must_only)
 
 
-def table(headers: Sequence[str], rows: Iterable[Iterable[Any]]) -> list[str]:
-    return md_table(headers, [[str(c) for c in row] for row in rows])
-
-
 def render(rounds: Sequence[Mapping[str, Any]], stamp: Mapping[str, str]) -> str:
     lines = [
         "# Abuse: hostile clients and sick engines against one router", "",
@@ -182,7 +178,7 @@ def render(rounds: Sequence[Mapping[str, Any]], stamp: Mapping[str, str]) -> str
     verdicts = [{bar: (measured, ok, must) for bar, measured, ok, must in bars(r)}
                 for r in rounds]
     order = list(dict.fromkeys(bar for v in verdicts for bar in v))  # first round's order first
-    lines += table(["bar", *(r["store"] for r in rounds)], [
+    lines += md_table(["bar", *(r["store"] for r in rounds)], [
         [("**must** " if next(v[bar][2] for v in verdicts if bar in v) else "") + bar,
          *(f"{'yes' if v[bar][1] else '**no**'}: {v[bar][0]}" if bar in v else "-"
            for v in verdicts)] for bar in order])
@@ -193,7 +189,7 @@ def render(rounds: Sequence[Mapping[str, Any]], stamp: Mapping[str, str]) -> str
 
 def section(r: Mapping[str, Any]) -> list[str]:
     classes = by_class(r["outcomes"])
-    out = ["", f"## {r['store']} store", "", "### Requests tried, by class", "", *table(
+    out = ["", f"## {r['store']} store", "", "### Requests tried, by class", "", *md_table(
         ["class", "cases", "tried", "statuses", "off", "5xx", "problems"],
         [[c["cls"], c["cases"], c["tried"], statuses(c["statuses"]), c["unmet"], c["five_xx"],
           c["problems"]] for c in classes]),
@@ -201,23 +197,23 @@ def section(r: Mapping[str, Any]) -> list[str]:
         "`closed`: the router ended the connection without an answer; `left`: the "
         "client left on purpose; `off`: answers the case does not allow."]
     if off := [c for c in by_case(r["outcomes"]) if c["unmet"] or c["problems"] or c["notes"]]:
-        out += ["", "### Cases off, with problems or notes", "", *table(
+        out += ["", "### Cases off, with problems or notes", "", *md_table(
             ["class", "case", "statuses", "off", "problems", "notes"],
             [[c["cls"], c["case"], statuses(c["statuses"]), c["unmet"], statuses(c["problems"]),
               statuses(c["notes"])] for c in off])]
     f, rt, log = r["faults"], r["router"], r["log"]
-    out += ["", "### Faults under load", "", *table(["fault", "figures"], [
+    out += ["", "### Faults under load", "", *md_table(["fault", "figures"], [
         [k, ", ".join(f"{a} {b}" for a, b in v.items())] for k, v in f.items() if k != "load"]),
-        "", *table(["phase", "sent", "whole", "failed as the fault allows", "failed",
-                    "statuses"], [[p, v["sent"], v["whole"], v["allowed_failures"],
-                                   v["failures"], statuses(v["statuses"])]
-                                  for p, v in f.get("load", {}).items()]),
+        "", *md_table(["phase", "sent", "whole", "failed as the fault allows", "failed",
+                       "statuses"], [[p, v["sent"], v["whole"], v["allowed_failures"],
+                                      v["failures"], statuses(v["statuses"])]
+                                     for p, v in f.get("load", {}).items()]),
         "", "### /healthz latency (its own connection, every 50 ms)", "",
-        *table(["phase", "answers", "failed", "p50 ms", "p99 ms", "max ms"],
-               [[p, v["n"], v["failures"], v["p50_ms"], v["p99_ms"], v["max_ms"]]
-                for p, v in r["healthz"].items()]),
+        *md_table(["phase", "answers", "failed", "p50 ms", "p99 ms", "max ms"],
+                  [[p, v["n"], v["failures"], v["p50_ms"], v["p99_ms"], v["max_ms"]]
+                   for p, v in r["healthz"].items()]),
         "", "### The router process", "",
-        *table(["", "RSS MB", "peak RSS MB", "open descriptors"], [
+        *md_table(["", "RSS MB", "peak RSS MB", "open descriptors"], [
             ["before the attack", rt["before"]["rss_mb"], rt["before"]["peak_rss_mb"],
              rt["before"]["fds"]],
             ["most during the run", rt["peak_rss_mb"], "", rt["max_fds"]],
@@ -232,8 +228,8 @@ def section(r: Mapping[str, Any]) -> list[str]:
             f"{log['lines']} lines ({', '.join(f'{k} {v}' for k, v in log['levels'].items())}); "
             f"tracebacks {log['tracebacks']}; ERROR lines {log['error_lines']}; markers: "
             + ", ".join(f"{k} {v}" for k, v in log["markers"].items()), "",
-            *table(["lines", "kind (INFO and above; numbers and quoted values blanked)"],
-                   [[n, k.replace("|", "/")] for k, n in log["kinds"].items()])]
+            *md_table(["lines", "kind (INFO and above; numbers and quoted values blanked)"],
+                      [[n, k] for k, n in log["kinds"].items()])]
     for e in [*log["first_errors"], *log.get("traceback_excerpts", [])]:
         out += ["", "```", e, "```"]
     return [*out, "", "Timings (s): " + ", ".join(f"{k} {v}" for k, v in r["timings_s"].items())]
