@@ -258,11 +258,27 @@ def render(sc: Scenario) -> str:
     return "\n".join(lines).replace("\n\n\n", "\n\n").rstrip() + "\n"
 
 
+def preface(old: str) -> list[str]:
+    """The hand-written note under a report's title (its `> ` lines: why a run was made,
+    what it replaced), carried over when the report is written again from its points."""
+    lines = old.splitlines()[1:]
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    kept = []
+    for line in lines:
+        if not line.startswith(">"):
+            break
+        kept.append(line)
+    return [*kept, ""] if kept else []
+
+
 def write(sc: Scenario) -> Path:
     # points in one folder per rate: the report beside those folders
     path = RESULTS / f"{sc.name}.md" if "{" in sc.out else RESULTS / sc.out / sc.report
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(sc))
+    title, _, body = render(sc).partition("\n\n")
+    note = preface(path.read_text()) if path.exists() else []
+    path.write_text("\n".join([title, "", *note, body]))
     print(f"wrote {path}")
     return path
 

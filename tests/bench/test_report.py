@@ -133,6 +133,23 @@ def test_a_report_reads_its_own_points_only(tmp_path: Path, monkeypatch: pytest.
     assert [r["scenario"] for r in load(SCENARIOS["suite"])] == ["routing"]
 
 
+def test_a_report_written_again_keeps_its_hand_written_note(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    sc = SCENARIOS["shared-store"]
+    path = report.write(sc)
+    fresh = path.read_text()
+    assert report.preface(fresh) == []
+    title, _, body = fresh.partition("\n\n")
+    path.write_text(f"{title}\n\n> Re-run at abc1234: why,\n> and what it replaced.\n\n{body}")
+    report.write(sc)
+    again = path.read_text()
+    assert again == f"{title}\n\n> Re-run at abc1234: why,\n> and what it replaced.\n\n{body}"
+    report.write(sc)
+    assert path.read_text() == again  # not twice
+
+
 def drift(scenario: str, router: str, hit: float, oracle: float = 0.8) -> dict[str, Any]:
     return {"scenario": scenario, "workload": "system-prompts", "rate": 24.0, "router": router,
             "engine_hit_rate": hit, "oracle_hit_rate": oracle}
