@@ -234,7 +234,10 @@ def section(sc: Scenario, rows: list[dict[str, Any]], folder: Path,
 
 def render(sc: Scenario) -> str:
     rows = load(sc)
-    folder = RESULTS / sc.out  # a suite's parts write no report of their own
+    # a suite's parts write no report of their own; points in one folder per rate: the
+    # report and its plots beside those folders, named for the scenario
+    templated = "{" in sc.out
+    folder = RESULTS if templated else RESULTS / sc.out
     lines = [f"# {sc.title}", "", f"{sc.method}." if sc.method else "", "",
              f"Written by `python -m bench {sc.name}` from the JSON files beside it "
              f"(`--report`: only this file). Scenario: `bench/scenarios.py` ({sc.name}).", ""]
@@ -254,7 +257,7 @@ def render(sc: Scenario) -> str:
             method = part.method not in sc.method and part.method
             lines += [f"## {part.title}", "", f"{method}." if method else "", ""]
         lines += section(part, mine, folder, [r for r in rows if r["scenario"] != part.name],
-                         f"{part.name}-" if sc.parts else "")
+                         f"{part.name}-" if sc.parts or templated else "")
     return "\n".join(lines).replace("\n\n\n", "\n\n").rstrip() + "\n"
 
 

@@ -150,6 +150,24 @@ def test_a_report_written_again_keeps_its_hand_written_note(
     assert path.read_text() == again  # not twice
 
 
+def test_a_report_of_points_in_one_folder_per_rate_plots_beside_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    for rate in (12, 32):
+        (tmp_path / f"sweep-{rate}").mkdir()
+        for router, ttft in (("prefix", 45.0), ("round-robin", 190.0)):
+            point = {"scenario": "sweep", "workload": "system-prompts", "rate": float(rate),
+                     "router": router, "engine_hit_rate": 0.5, "ttft_p50_ms": ttft,
+                     "seconds": 90.0}
+            (tmp_path / f"sweep-{rate}" / f"{router}.json").write_text(json.dumps(point))
+    path = report.write(SCENARIOS["sweep"])
+    assert path == tmp_path / "sweep.md"
+    pngs = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.png"))
+    assert all(f"]({png})" in path.read_text() for png in pngs)
+    assert pngs and all(png.startswith("sweep-") and "/" not in png for png in pngs)
+
+
 def drift(scenario: str, router: str, hit: float, oracle: float = 0.8) -> dict[str, Any]:
     return {"scenario": scenario, "workload": "system-prompts", "rate": 24.0, "router": router,
             "engine_hit_rate": hit, "oracle_hit_rate": oracle}
