@@ -264,14 +264,16 @@ def render(sc: Scenario) -> str:
 def preface(old: str) -> list[str]:
     """The hand-written note under a report's title (its `> ` lines: why a run was made,
     what it replaced), carried over when the report is written again from its points."""
-    lines = old.splitlines()[1:]
-    while lines and not lines[0].strip():
-        lines.pop(0)
-    kept = []
-    for line in lines:
-        if not line.startswith(">"):
+    kept: list[str] = []
+    blank = 0  # blank lines between quoted paragraphs belong to the note
+    for line in old.splitlines()[1:]:
+        if not line.strip():
+            blank += 1
+        elif line.startswith(">"):
+            kept += [""] * blank * bool(kept) + [line]
+            blank = 0
+        else:
             break
-        kept.append(line)
     return [*kept, ""] if kept else []
 
 

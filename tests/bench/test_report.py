@@ -142,10 +142,11 @@ def test_a_report_written_again_keeps_its_hand_written_note(
     fresh = path.read_text()
     assert report.preface(fresh) == []
     title, _, body = fresh.partition("\n\n")
-    path.write_text(f"{title}\n\n> Re-run at abc1234: why,\n> and what it replaced.\n\n{body}")
+    note = "> Re-run at abc1234: why,\n> and what it replaced.\n\n> A second paragraph.\n"
+    path.write_text(f"{title}\n\n{note}\n{body}")
     report.write(sc)
     again = path.read_text()
-    assert again == f"{title}\n\n> Re-run at abc1234: why,\n> and what it replaced.\n\n{body}"
+    assert again == f"{title}\n\n{note}\n{body}"
     report.write(sc)
     assert path.read_text() == again  # not twice
 
