@@ -121,7 +121,7 @@ class SharedIndex:
         )
         staged: Staged | None = None
         try:
-            if self._writes.pending() or self._peers.load_changed():
+            if self._writes.outgoing():
                 # queued writes ride on this round trip, ahead of the lookup
                 pipe = link.pipeline()
                 staged = self._writes.stage(pipe, self._wall())

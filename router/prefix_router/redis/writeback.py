@@ -126,8 +126,12 @@ class WriteBack:
             or self.holds.pending()
         )
 
+    def outgoing(self) -> bool:
+        """Whether a round trip has anything of this router's to carry."""
+        return self.pending() or self._peers.load_changed()
+
     def due(self) -> bool:
-        """Whether the queue must go now rather than wait for a lookup to carry it."""
+        """Whether the queue must go now rather than wait for a round trip to carry it."""
         if self.drops or self.news or len(self.records) >= 1000:
             return True
         if len(self.working_set) >= MAX_WORKING_SET:
@@ -210,7 +214,7 @@ class WriteBack:
         trip go, every write rides on it: a conversation's next turn, recorded as its answer
         ends, reaches the other routers with the load change that follows, before the client
         sends that turn to one of them."""
-        if self._link.down or not (self.pending() or self._peers.load_changed()):
+        if self._link.down or not self.outgoing():
             return
         pipe = self._link.pipeline()
         staged = self.stage(pipe, self._wall())
