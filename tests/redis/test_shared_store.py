@@ -4,10 +4,12 @@ store's jobs (flush, heartbeat, figures, reconnection) where the timers would.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -61,10 +63,19 @@ async def make(url: str, rid: str, clock: Clock, **kw) -> tuple[SharedStore, Loa
     return s, load
 
 
-async def pair(url: str, **kw):
+Pair = tuple[Clock, SharedStore, SharedStore, LoadTracker, LoadTracker]
+
+
+@contextlib.asynccontextmanager
+async def pair(url: str, **kw) -> AsyncIterator[Pair]:
+    """Two routers' stores on one Redis and one clock, both closed at the end."""
     clock = Clock()
     (a, la), (b, lb) = await make(url, "ra", clock, **kw), await make(url, "rb", clock, **kw)
-    return clock, a, b, la, lb
+    try:
+        yield clock, a, b, la, lb
+    finally:
+        await a.close()
+        await b.close()
 
 
 def scheduler(store: SharedStore, load: LoadTracker, backends: list[str]) -> Scheduler:
@@ -84,8 +95,7 @@ async def written(s: SharedStore) -> None:
 
 
 async def test_one_router_sees_what_another_wrote_in_one_round_trip(redis_server):
-    _clock, a, b, _la, _lb = await pair(redis_server.url, store={"write_delay_ms": 10_000})
-    try:
+    async with pair(redis_server.url, store={"write_delay_ms": 10_000}) as (_clock, a, b, _la, _lb):
         chain = list(range(1, 21))
         a.index.record("m", chain, "http://e1", news=True)
         await written(a)
@@ -93,14 +103,10 @@ async def test_one_router_sees_what_another_wrote_in_one_round_trip(redis_server
         assert await b.index.lookup("m", chain) == {"http://e1": 20}
         assert b.stats().round_trips - before == 1
         assert await b.index.lookup("m", [1, 2, 99]) == {"http://e1": 2}
-    finally:
-        await a.close()
-        await b.close()
 
 
 async def test_capacity_model_is_shared(redis_server):
-    clock, a, b, _la, _lb = await pair(redis_server.url)  # 50 blocks per backend
-    try:
+    async with pair(redis_server.url) as (clock, a, b, _la, _lb):  # 50 blocks per backend
         a.index.record("m", list(range(1000, 1040)), "http://e1")
         await written(a)
         clock.advance(1.0)
@@ -112,16 +118,12 @@ async def test_capacity_model_is_shared(redis_server):
         # the older chain lost its tail first
         assert await b.index.lookup("m", list(range(1000, 1040))) == {"http://e1": 10}
         assert await a.index.lookup("m", list(range(2000, 2040))) == {"http://e1": 40}
-    finally:
-        await a.close()
-        await b.close()
 
 
 async def test_a_truncation_reaches_every_router(redis_server):
     # an engine reported holding less (or refused the request): one router corrects the
     # index, and the other routes on the same correction
-    _clock, a, b, _la, _lb = await pair(redis_server.url)
-    try:
+    async with pair(redis_server.url) as (_clock, a, b, _la, _lb):
         chain = list(range(1, 11))
         a.index.record("m", chain, "http://e1")
         a.index.record("m", chain, "http://e2")
@@ -131,27 +133,23 @@ async def test_a_truncation_reaches_every_router(redis_server):
         await written(b)
         assert await a.index.lookup("m", chain) == {"http://e1": 4, "http://e2": 10}
         assert await b.index.lookup("m", chain) == {"http://e1": 4, "http://e2": 10}
-    finally:
-        await a.close()
-        await b.close()
 
 
 async def test_a_backend_that_leaves_is_gone_for_every_router(redis_server):
-    _clock, a, b, _la, _lb = await pair(redis_server.url)
-    try:
+    async with pair(redis_server.url) as (_clock, a, b, _la, _lb):
         a.index.record("m", [1, 2, 3], "http://e1")
         a.index.record("m", [1, 2, 3], "http://e2")
         await written(a)
         b.index.drop_backend("http://e1")
         await written(b)
         assert await a.index.lookup("m", [1, 2, 3]) == {"http://e2": 3}
-    finally:
-        await a.close()
-        await b.close()
 
 
 async def test_load_is_shared_and_a_dead_router_stops_counting(redis_server):
-    clock, a, b, la, lb = await pair(redis_server.url)
+    # not pair(): router A dies in the middle
+    clock = Clock()
+    (a, la), (b, lb) = await make(redis_server.url, "ra", clock), await make(
+        redis_server.url, "rb", clock)
     try:
         for _ in range(4):
             la.start("http://e1", 0)
@@ -168,8 +166,7 @@ async def test_load_is_shared_and_a_dead_router_stops_counting(redis_server):
 
 
 async def test_a_lookup_brings_the_other_routers_load_and_pending_prefill(redis_server):
-    _clock, a, b, la, lb = await pair(redis_server.url)
-    try:
+    async with pair(redis_server.url) as (_clock, a, b, la, lb):
         la.start("http://e1", 500)
         a.index.record("m", [1, 2], "http://e1")  # its write publishes A's load with it
         await written(a)
@@ -182,17 +179,13 @@ async def test_a_lookup_brings_the_other_routers_load_and_pending_prefill(redis_
         await b.index.lookup("m", [1, 2, 3])
         assert lb.pending_prefill("http://e1") == 0
         assert la.pending_prefill("http://e1") == 0  # its own is not counted twice
-    finally:
-        await a.close()
-        await b.close()
 
 
 async def test_a_decision_counts_the_load_its_own_lookup_brought(redis_server):
     # Three routers on Redis piled onto one backend while each decided on the load it had
     # read before its lookup's round trip: the others' load the reply carries must count in
     # this very decision (bench/results/compare/redis-3x-ab/).
-    _clock, a, b, la, lb = await pair(redis_server.url)
-    try:
+    async with pair(redis_server.url) as (_clock, a, b, la, lb):
         sched = scheduler(a, la, ["http://e1", "http://e2"])
         la.start("http://e2", 0)  # A's own request on e2
         for _ in range(3):
@@ -203,17 +196,13 @@ async def test_a_decision_counts_the_load_its_own_lookup_brought(redis_server):
         route = await sched.route(parse_request(body, "completions"))
         assert la.inflight("http://e1") == 3
         assert route.decision.backend == "http://e2"
-    finally:
-        await a.close()
-        await b.close()
 
 
 async def test_a_change_of_load_carries_the_queued_writes(redis_server):
     # A conversation's next turn is recorded as its answer ends, and the client sends that
     # turn at once, often through another router: the record must not wait for this router's
     # next lookup when the load change of the request's end makes a round trip anyway.
-    _clock, a, b, la, lb = await pair(redis_server.url, store={"write_delay_ms": 10_000})
-    try:
+    async with pair(redis_server.url, store={"write_delay_ms": 10_000}) as (_clock, a, b, la, lb):
         await a.writes.tick()  # A's first load (none) is out
         a.index.record("m", [7, 8], "http://e1")
         await a.writes.tick()  # no load change, not due: the record waits
@@ -229,14 +218,10 @@ async def test_a_change_of_load_carries_the_queued_writes(redis_server):
         assert a.stats().round_trips == trips + 1
         await b.index.lookup("m", [5])
         assert lb.inflight("http://e1") == 0
-    finally:
-        await a.close()
-        await b.close()
 
 
 async def test_a_request_sent_goes_out_at_once_when_other_routers_are_live(redis_server):
-    _clock, a, b, la, lb = await pair(redis_server.url)
-    try:
+    async with pair(redis_server.url) as (_clock, a, b, la, lb):
         la.start("http://e1", 300)  # before any heartbeat: A knows of no other router
         assert a.writes.flushing is None  # so the send waits for the flush tick
         await a.writes.tick()
@@ -257,9 +242,6 @@ async def test_a_request_sent_goes_out_at_once_when_other_routers_are_live(redis
         await a.writes.flushing
         assert await b.index.lookup("m", [61, 62, 63]) == {"http://e2": 3}
         assert lb.inflight("http://e2") == 0
-    finally:
-        await a.close()
-        await b.close()
 
 
 async def live(*stores: SharedStore) -> None:
@@ -270,8 +252,7 @@ async def live(*stores: SharedStore) -> None:
 
 
 async def test_a_chain_sent_and_not_yet_answered_is_seen_by_the_other_routers(redis_server):
-    clock, a, b, _la, _lb = await pair(redis_server.url, store={"write_delay_ms": 10_000})
-    try:
+    async with pair(redis_server.url, store={"write_delay_ms": 10_000}) as (clock, a, b, _la, _lb):
         chain = list(range(1, 41))
         a.writes.holds.hold("m", chain, "http://e1")  # nobody else is live yet: nothing is written
         assert not a.writes.holds.pending()
@@ -304,15 +285,11 @@ async def test_a_chain_sent_and_not_yet_answered_is_seen_by_the_other_routers(re
         r = aioredis.from_url(redis_server.url)
         assert await r.hlen(a.keys.holds_prefix("m") + block_hex(chain[0])) == 0
         await r.aclose()
-    finally:
-        await a.close()
-        await b.close()
 
 
 async def test_a_request_behind_one_another_router_sent_follows_it(redis_server):
     # router A sends a new prompt; before its engine answers, router B gets the same prefix
-    _clock, a, b, la, lb = await pair(redis_server.url, store={"write_delay_ms": 10_000})
-    try:
+    async with pair(redis_server.url, store={"write_delay_ms": 10_000}) as (_clock, a, b, la, lb):
         backends = [f"http://e{i}" for i in range(4)]
         scheds = [scheduler(a, la, backends), scheduler(b, lb, backends)]
         await live(a, b)
@@ -333,28 +310,20 @@ async def test_a_request_behind_one_another_router_sent_follows_it(redis_server)
                 assert not b.writes.holds.pending()
         await a.writes.flush()
         assert await b.index.lookup("m", first.hashes) == {}  # released; nothing recorded
-    finally:
-        await a.close()
-        await b.close()
 
 
 async def test_a_new_owner_goes_out_at_once_not_at_the_next_tick(redis_server):
-    _clock, a, b, _la, _lb = await pair(redis_server.url, store={"write_delay_ms": 400})
-    try:
+    async with pair(redis_server.url, store={"write_delay_ms": 400}) as (_clock, a, b, _la, _lb):
         a.index.record("m", [41, 42], "http://e1")  # a hit's refresh: waits for a lookup
         a.index.record("m", [51, 52], "http://e2", news=True)  # a new owner: sent now
         assert a.writes.flushing is not None  # started at once, not at the flush tick
         await a.writes.flushing
         assert await b.index.lookup("m", [51, 52]) == {"http://e2": 2}
         assert await b.index.lookup("m", [41, 42]) == {"http://e1": 2}  # queued went too
-    finally:
-        await a.close()
-        await b.close()
 
 
 async def test_occupancy_and_tail_age_come_from_the_shared_capacity_model(redis_server):
-    clock, a, b, _la, _lb = await pair(redis_server.url)  # capacity: 50 blocks a backend
-    try:
+    async with pair(redis_server.url) as (clock, a, b, _la, _lb):  # capacity: 50 blocks a backend
         await b.index.lookup("m", [999])  # B serves the model but never records for e1
         a.index.record("m", list(range(1, 31)), "http://e1")  # 30 of 50 blocks: room left
         await written(a)
@@ -376,14 +345,10 @@ async def test_occupancy_and_tail_age_come_from_the_shared_capacity_model(redis_
         await b.heartbeat()
         assert b.index.occupancy("m", "http://e1") == 0.0
         assert b.index.tail_age("m", "http://e1") == float("inf")
-    finally:
-        await a.close()
-        await b.close()
 
 
 async def test_writes_ride_on_the_next_lookup_or_go_after_the_write_delay(redis_server):
-    clock, a, b, _la, _lb = await pair(redis_server.url, store={"write_delay_ms": 400})
-    try:
+    async with pair(redis_server.url, store={"write_delay_ms": 400}) as (clock, a, b, _la, _lb):
         await a.writes.tick()  # A's first load (none) is out: from now on it is unchanged
         a.index.record("m", [1, 2], "http://e1")
         await a.writes.tick()
@@ -399,17 +364,13 @@ async def test_writes_ride_on_the_next_lookup_or_go_after_the_write_delay(redis_
         await a.writes.tick()
         assert await b.index.lookup("m", [3, 4]) == {"http://e2": 2}
         assert a.stats().round_trips == trips + 2
-    finally:
-        await a.close()
-        await b.close()
 
 
 async def test_a_slow_redis_is_not_a_down_redis(redis_server):
-    _clock, a, b, _la, _lb = await pair(
+    async with pair(
         redis_server.url, store={"near_cache_ttl_ms": 1000, "timeout_ms": 20,
                                  "timeout_max_ms": 20}
-    )
-    try:
+    ) as (_clock, a, b, _la, _lb):
         a.index.record("m", [4, 5, 6], "http://e1")
         await written(a)
         os.kill(redis_server.proc.pid, signal.SIGSTOP)  # a real server that answers late
@@ -428,14 +389,10 @@ async def test_a_slow_redis_is_not_a_down_redis(redis_server):
         trips = b.stats().round_trips
         assert await b.index.lookup("m", [4, 5, 6]) == {"http://e1": 3}
         assert b.stats().round_trips == trips  # answered without asking Redis again
-    finally:
-        await a.close()
-        await b.close()
 
 
 async def test_redis_down_routes_on_local_state_and_loses_no_write(redis_server):
-    clock, a, b, _la, _lb = await pair(redis_server.url)
-    try:
+    async with pair(redis_server.url) as (clock, a, b, _la, _lb):
         await live(a, b)
         a.index.record("m", [7, 8, 9], "http://e1")
         await written(a)
@@ -455,9 +412,6 @@ async def test_redis_down_routes_on_local_state_and_loses_no_write(redis_server)
         assert not a.index.degraded and not b.index.degraded
         await a.writes.flush()
         assert await b.index.lookup("m", [10, 11]) == {"http://e2": 2}
-    finally:
-        await a.close()
-        await b.close()
 
 
 async def test_password_auth(make_redis, monkeypatch):
@@ -478,8 +432,7 @@ async def test_password_auth(make_redis, monkeypatch):
 
 
 async def test_figures_published_for_the_operator(redis_server):
-    _clock, a, b, la, _lb = await pair(redis_server.url)
-    try:
+    async with pair(redis_server.url) as (_clock, a, b, la, _lb):
         la.start("http://e1", 0)
         a.requested("m", list(range(1, 11)))
         b.requested("m", list(range(1, 11)))  # same prefix through another router
@@ -502,9 +455,6 @@ async def test_figures_published_for_the_operator(redis_server):
         assert fig.cache_pressure == pytest.approx(15 * 16 / 1600, abs=0.02)
         assert fig.load == 0.5
         assert a.stats().working_set_tokens == 15 * 16
-    finally:
-        await a.close()
-        await b.close()
 
 
 def test_a_chain_travels_as_one_string_of_the_same_hex_words():
@@ -513,8 +463,7 @@ def test_a_chain_travels_as_one_string_of_the_same_hex_words():
 
 
 async def test_an_answer_recorded_after_its_prompt_stays_one_chain(redis_server):
-    _clock, a, b, _la, _lb = await pair(redis_server.url)  # capacity: 50 blocks a backend
-    try:
+    async with pair(redis_server.url) as (_clock, a, b, _la, _lb):  # capacity: 50 blocks a backend
         prompt, answer = list(range(1, 31)), list(range(31, 61))
         a.index.record("m", prompt, "http://e1")
         await written(a)
@@ -523,9 +472,6 @@ async def test_an_answer_recorded_after_its_prompt_stays_one_chain(redis_server)
         # 60 blocks over a capacity of 50: the deepest go, never a block in the middle
         assert await b.index.lookup("m", prompt + answer) == {"http://e1": 50}
         assert await b.index.lookup("m", prompt) == {"http://e1": 30}
-    finally:
-        await a.close()
-        await b.close()
 
 
 async def test_the_lookup_budget_follows_the_typical_lookup_time_within_its_bounds():
