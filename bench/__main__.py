@@ -25,7 +25,7 @@ ALIASES = {"overhead-all": ("overhead", "ours and every anchor router, one after
 
 
 def generic(p: argparse.ArgumentParser) -> None:
-    """The flags every routing scenario takes: each overrides the scenario's declaration."""
+    """The flags every routing scenario takes, each over the scenario's declaration."""
     p.add_argument("--quick", action="store_true", help="the scenario's short variant")
     p.add_argument("--repeat", type=int, help="rounds (every setup once per round)")
     p.add_argument("--seconds", type=float, help="of load per rate")
@@ -33,11 +33,11 @@ def generic(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", "--workloads", dest="workloads", nargs="+", choices=WORKLOADS)
     p.add_argument("--setups", "--routers", dest="setups", nargs="+", metavar="SETUP",
                    help=f"{', '.join(SETUPS)}, or prefix,key=value[,key=value] (router settings)")
-    p.add_argument("--requests", type=int, help="a fixed count of requests (single-turn)")
     p.add_argument("--tag", help="tells this run's points apart from others of the same points")
     p.add_argument("--router-kv-capacity-factor", dest="capacity_factor", type=float,
                    help="the routers are told F x the simulators' KV capacity (default 1)")
-    p.add_argument("--out", type=under_results,
+    p.add_argument("--out", type=lambda o: str(Path(o).relative_to("bench/results"))
+                   if Path(o).is_relative_to("bench/results") else o,
                    help="results folder under bench/results (default: the scenario's)")
     p.add_argument("--report", action="store_true", help="only rebuild the report from its JSON")
     p.add_argument("--json", help="also write the last point's JSON here")
@@ -78,20 +78,13 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def under_results(out: str) -> str:
-    """--out names a folder under bench/results; a path that spells that prefix out (as the
-    autoscale scenario's does) means the same folder, not one nested inside it."""
-    p = Path(out)
-    return str(p.relative_to("bench/results")) if p.is_relative_to("bench/results") else out
-
-
 def declared(args: argparse.Namespace) -> list[Scenario]:
-    """The scenarios the command line asks for (a suite's parts, or the one), each its
-    declaration with --quick's overrides and then the flags'."""
+    """The scenarios asked for (a suite's parts, or the one): each its declaration, then
+    --quick's overrides, then the flags'."""
     name = ALIASES[args.cmd][0] if args.cmd in ALIASES else args.cmd
     sc = SCENARIOS.get(name) or Scenario("run", "", fresh_fleet=True, out=".")
     over: dict[str, Any] = {k: getattr(args, k) for k in (
-        "seconds", "requests", "tag", "capacity_factor") if getattr(args, k)}
+        "seconds", "tag", "capacity_factor") if getattr(args, k)}
     over.update({k: tuple(getattr(args, k)) for k in ("workloads", "rates", "setups")
                  if getattr(args, k)})
     if args.repeat:
@@ -105,8 +98,8 @@ def declared(args: argparse.Namespace) -> list[Scenario]:
         cfg = yaml.safe_load(Path(args.router_config).read_text()) if args.router_config else {}
         over.update(setups=(dataclasses.replace(s, settings={**s.settings, **cfg},
                                                 replicas=args.router_replicas, store=args.store),),
-                    replicas=args.replicas, profile=args.profile,
-                    time_scale=args.time_scale, kv_capacity=args.kv_capacity, seed=args.seed,
+                    replicas=args.replicas, profile=args.profile, time_scale=args.time_scale,
+                    kv_capacity=args.kv_capacity, seed=args.seed,
                     rates=over.get("rates", (10.0,)),
                     workloads=over.get("workloads", ("system-prompts",))[:1])
     for s in over.get("setups", ()):
@@ -124,8 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
     command = ".venv/bin/python -m bench " + shlex.join(argv)
-    # SIGTERM (a CI timeout, `kill`) stops a run as Ctrl-C does: the fleet's processes run in
-    # their own sessions, and only the unwinding stops them
+    # SIGTERM (a CI timeout, `kill`) unwinds as Ctrl-C does, which stops the fleet's processes
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         import uvloop
@@ -138,27 +130,30 @@ def main(argv: list[str] | None = None) -> None:
 
         for n in check_names(args.names):
             print(n, install(n), flush=True)
-        return
-    if args.cmd == "autoscale":
-        return autoscale(args, command)
-    if args.cmd == "abuse":
-        return abuse.main(args, command)
-    from .report import cell, demo_sentences, label, md_table, write
+    elif args.cmd == "autoscale":
+        autoscale(args, command)
+    elif args.cmd == "abuse":
+        abuse.main(args, command)
+    else:
+        scenarios(args, command)
+
+
+def scenarios(args: argparse.Namespace, command: str) -> None:
+    from .report import demo_sentences, table, write
     from .runner import run_scenario
 
     rows: list[dict[str, Any]] = []
-    scenarios = declared(args)
-    for sc in [] if args.report else scenarios:
+    scs = declared(args)
+    for sc in [] if args.report else scs:
         rows = asyncio.run(run_scenario(sc, command, write=sc.name != "run"))
         if rows and (sc.name == "run" or args.json):
             print(text := json.dumps(rows[-1], indent=2))
             if args.json:
                 Path(args.json).parent.mkdir(parents=True, exist_ok=True)
                 Path(args.json).write_text(text + "\n")
-    sc = SCENARIOS[args.cmd] if SCENARIOS.get(args.cmd, scenarios[0]).parts else scenarios[0]
+    sc = SCENARIOS[args.cmd] if SCENARIOS.get(args.cmd, scs[0]).parts else scs[0]
     if sc.name == "demo":
-        print("\n".join(["", *md_table([label(c) for c in sc.columns],
-                                       [[cell(r, c) for c in sc.columns] for r in rows]), ""]))
+        print("\n".join(["", *table(sc.columns, rows)]))
         print(demo_sentences(rows))
     elif sc.name != "run":
         write(dataclasses.replace(sc, out=args.out) if args.out and sc.parts else sc)
@@ -168,11 +163,10 @@ def autoscale(args: argparse.Namespace, command: str) -> None:
     from .autoscale import Settings, main, rebuild
 
     out = Path(args.out)
-    r = rebuild(out) if args.report else main(
+    m = (rebuild(out) if args.report else main(
         Settings(rate=args.rate, ramp_s=args.ramp_seconds, hold_s=args.hold_seconds,
                  scale_down_stabilization_s=args.stabilization_seconds,
-                 max_replicas=args.max_replicas), out, command)
-    m = r["summary"]
+                 max_replicas=args.max_replicas), out, command))["summary"]
     print(f"peak cache pressure {m['peak_cache_pressure']}, max replicas "
           f"{m['max_spec_replicas']}, first scale-up {m['seconds_to_first_scale_up']} s after the "
           f"pressure went over target, back to min {m['seconds_load_stop_to_min']} s after the "

@@ -1,8 +1,7 @@
-"""Router overhead: the same small requests directly to one zero-latency simulator and through
-one router; the difference is what the router adds. Also the most requests/s one router
-forwards (closed loop), its memory, and (ours) that of a table holding 1,000,000 entries. The
-runner takes the setups in turn, round after round, in front of ONE simulator: an A/B of two
-router settings (`--setups prefix 'prefix,key=value' --repeat 3`) shares the host's drift."""
+"""Router overhead: the same small requests to one zero-latency simulator, directly and through
+one router; the difference is what the router adds. Also the most requests/s it forwards
+(closed loop), its memory and (ours) that of a table of 1,000,000 entries. Setups take turns
+in front of ONE simulator, round after round, so an A/B of settings shares the host's drift."""
 
 from __future__ import annotations
 
@@ -24,49 +23,28 @@ from .provenance import now_utc
 from .runner import MODEL, Run, start_setup
 from .scenarios import Scenario
 
-# A request that never finishes must not hang a run (an answer of the zero sim takes ~1 ms).
-TIMEOUT = aiohttp.ClientTimeout(total=30)
-WARM_S = 2.0
-CLIENTS = 64
-MAX_SECONDS = 10.0
-SEED = 2
-# The table's memory, in a running prefix-router that requests filled: its imports and pools
-# count too. 2,048-token prompts (system-prompts' size), a capacity nothing evicts from.
-RSS_ENTRIES = 1_000_000
-RSS_PROMPT_BLOCKS = 128
-RSS_CAPACITY_TOKENS = 50_000_000
+WARM_S, CLIENTS, MAX_SECONDS, SEED = 2.0, 64, 10.0, 2
+# The table's memory in a running router filled by requests (imports and pools count too):
+# 2,048-token prompts (system-prompts' size), a capacity nothing evicts from.
+RSS_ENTRIES, RSS_PROMPT_BLOCKS, RSS_CAPACITY_TOKENS = 1_000_000, 128, 50_000_000
+Body = Callable[[random.Random], bytes]
 
 
-@dataclass(frozen=True)
-class Request:
-    """Where the requests go and each one's body, drawn from a seeded generator."""
-
-    path: str
-    body: Callable[[random.Random], bytes]
-
-
-def _small(rng: random.Random) -> bytes:
-    # Non-streaming completions without a `stream` field: every router here takes it as is,
-    # so every router is sent the very same bytes.
+def small(rng: random.Random) -> bytes:
+    # no `stream` field: every router takes it as is, so every router gets the same bytes
     prompt = "route me please " * rng.randint(4, 16)
     return json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 1}).encode()
 
 
-# Token-aligned blocks (issue 22): a chat request of about 2,000 tokens of the tiny tokenizer,
-# a 1,800-token system prompt every request shares and about 200 tokens of its own, as a
-# system-prompts tenant sends; the router renders the template and tokenizes it, the
-# simulator does the same.
-SYSTEM = "route me please " * 300
-
-
-def _chat_2k(rng: random.Random) -> bytes:
+def chat_2k(rng: random.Random) -> bytes:
+    """~2,000 tiny-tokenizer tokens: a shared 1,800-token system prompt and ~200 of its own."""
     user = " ".join(f"word{rng.randrange(10**6)}" for _ in range(30))
     return json.dumps({"model": MODEL, "max_tokens": 1, "messages": [
-        {"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]}).encode()
+        {"role": "system", "content": "route me please " * 300},
+        {"role": "user", "content": user}]}).encode()
 
 
-SMALL = Request("/v1/completions", _small)
-CHAT_2K = Request("/v1/chat/completions", _chat_2k)
+PATHS = {small: "/v1/completions", chat_2k: "/v1/chat/completions"}
 
 
 @dataclass
@@ -78,8 +56,7 @@ class Sample:
     first_errors: list[str] = field(default_factory=list)
 
     async def post(self, s: aiohttp.ClientSession, url: str, body: bytes,
-                   path: str = SMALL.path) -> bool:
-        """One request; its latency kept if it was answered 200, else its failure counted."""
+                   path: str = "/v1/completions") -> bool:
         t0, why = time.perf_counter(), ""
         try:
             async with s.post(url + path, data=body,
@@ -98,13 +75,14 @@ class Sample:
 
 
 def _session() -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=TIMEOUT)
+    # a request that never finishes must not hang a run (the zero sim answers in ~1 ms)
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                 timeout=aiohttp.ClientTimeout(total=30))
 
 
 async def open_loop(url: str, rate: float, seconds: float, seed: int = 1,
-                    req: Request = SMALL) -> Sample:
-    """Poisson arrivals at `rate` for `seconds`; one `seed` sends the same bodies at the same
-    offsets whatever `url` is."""
+                    body: Body = small) -> Sample:
+    """Poisson arrivals; one `seed` sends the same bodies at the same offsets to any `url`."""
     rng, out, tasks = random.Random(seed), Sample(), []
     async with _session() as s:
         start = t = time.perf_counter()
@@ -112,63 +90,55 @@ async def open_loop(url: str, rate: float, seconds: float, seed: int = 1,
             t += rng.expovariate(rate)
             if (d := t - time.perf_counter()) > 0:
                 await asyncio.sleep(d)
-            tasks.append(asyncio.create_task(out.post(s, url, req.body(rng), req.path)))
+            tasks.append(asyncio.create_task(out.post(s, url, body(rng), PATHS[body])))
         await asyncio.gather(*tasks)
     return out
 
 
-async def closed_loop(url: str, concurrency: int, seconds: float,
-                      req: Request = SMALL) -> tuple[float, Sample]:
-    """(requests/s answered 200, the failures): `concurrency` clients, each sending its next
+async def closed_loop(url: str, body: Body = small) -> tuple[float, Sample]:
+    """(requests/s answered 200, the failures) of CLIENTS clients, each sending its next
     request when its last is answered; client k's bodies come from seed k."""
-    out = Sample()
-    stop = time.perf_counter() + seconds
+    out, stop = Sample(), time.perf_counter() + MAX_SECONDS
     async with _session() as s:
 
         async def worker(k: int) -> None:
             rng = random.Random(k)
             while time.perf_counter() < stop:
-                if not await out.post(s, url, req.body(rng), req.path):
-                    # a router refusing at once would have this loop spin on the CPU it needs
-                    await asyncio.sleep(0.01)
+                if not await out.post(s, url, body(rng), PATHS[body]):
+                    await asyncio.sleep(0.01)  # a router refusing at once must not spin
 
         t0 = time.perf_counter()
-        await asyncio.gather(*(worker(k) for k in range(concurrency)))
+        await asyncio.gather(*(worker(k) for k in range(CLIENTS)))
         return len(out.latencies) / (time.perf_counter() - t0), out
 
 
 async def added(sim: str, router: str, rate: float, seconds: float,
-                req: Request = SMALL) -> dict[str, Any]:
-    """The open loop direct, then the same through `router` (direct right before it, so a
-    drift of the host between setups cancels out), then the closed loop through `router`."""
-    await open_loop(sim, rate, WARM_S, req=req)  # connection pools and code paths, both ways
-    await open_loop(router, rate, WARM_S, req=req)
-    direct = await open_loop(sim, rate, seconds, seed=SEED, req=req)
-    routed = await open_loop(router, rate, seconds, seed=SEED, req=req)
-    max_rps, max_fail = await closed_loop(router, CLIENTS, MAX_SECONDS, req)
+                body: Body = small) -> dict[str, Any]:
+    """The open loop direct, then the same through `router` (right after, so a drift of the
+    host cancels out), then the closed loop through `router`."""
+    for url in (sim, router):  # connection pools and code paths, both ways
+        await open_loop(url, rate, WARM_S, body=body)
+    direct, routed = [await open_loop(u, rate, seconds, SEED, body) for u in (sim, router)]
+    max_rps, max_fail = await closed_loop(router, body)
     d50, d99, r50, r99 = (percentile(x.latencies, q) for x in (direct, routed) for q in (50, 99))
     if d50 is None or d99 is None or r50 is None or r99 is None:
         raise RuntimeError(f"no request answered: {routed.first_errors or direct.first_errors}")
-    return {
-        "requests": len(routed.latencies), "errors": routed.errors + max_fail.errors,
-        "direct_errors": direct.errors, "direct_p50_ms": ms(d50), "direct_p99_ms": ms(d99),
-        "routed_p50_ms": ms(r50), "routed_p99_ms": ms(r99),
-        # a difference of percentiles, not a percentile of differences: one body's direct and
-        # routed latencies are `seconds` apart, under other noise, not a pair to subtract
-        "added_p50_ms": ms(r50 - d50), "added_p99_ms": ms(r99 - d99),
-        "max_rps": round(max_rps, 1),
-        "first_errors": routed.first_errors or max_fail.first_errors,
-    }
+    # a difference of percentiles: one body's direct and routed latencies are `seconds` apart,
+    # under other noise, not a pair to subtract
+    return {"requests": len(routed.latencies), "errors": routed.errors + max_fail.errors,
+            "direct_errors": direct.errors, "direct_p50_ms": ms(d50), "direct_p99_ms": ms(d99),
+            "routed_p50_ms": ms(r50), "routed_p99_ms": ms(r99), "added_p50_ms": ms(r50 - d50),
+            "added_p99_ms": ms(r99 - d99), "max_rps": round(max_rps, 1),
+            "first_errors": routed.first_errors or max_fail.first_errors}
 
 
 async def fill_table(router: str, entries: int, clients: int = 16) -> int:
-    """Send unique 2,048-token prompts through `router` until its table holds `entries`
-    (block, backend) entries, as its own /metrics counts them. Returns that count."""
+    """Unique 2,048-token prompts through `router` until its table holds `entries` (block,
+    backend) entries, as its /metrics counts them; returns that count."""
     rng, out, gate = random.Random(7), Sample(), asyncio.Semaphore(clients)
 
     async def one(s: aiohttp.ClientSession) -> None:
-        # random hex: no two prompts share a block, every block is new
-        prompt = rng.randbytes(RSS_PROMPT_BLOCKS * 16 * 2).hex()
+        prompt = rng.randbytes(RSS_PROMPT_BLOCKS * 16 * 2).hex()  # every block new
         async with gate:
             await out.post(s, router, json.dumps(
                 {"model": MODEL, "prompt": prompt, "max_tokens": 1}).encode())
@@ -190,18 +160,18 @@ async def measure(sc: Scenario, fleet: Fleet, sims: list[str], run: Run, log_dir
     """One setup in front of the simulator: what it adds, its memory; in the first round, for
     our prefix policy on its own table, a router of the same setup filled to RSS_ENTRIES."""
     [sim], s = sims, run.setup
-    req = CHAT_2K if sc.kv_events else SMALL  # simulators in token mode: token-aligned blocks
-    await engines.reset([sim])  # each setup meets the simulator in the same (empty) state
-    direct_max, _ = await closed_loop(sim, CLIENTS, MAX_SECONDS, req)
+    body = chat_2k if sc.kv_events else small  # token mode: token-aligned blocks
+    await engines.reset([sim])  # each setup meets the simulator empty
+    direct_max, _ = await closed_loop(sim, body)
     first = len(fleet.procs)
     try:
         started = await start_setup(fleet, sc, s, [sim], 1_000_000, log_dir)
-        router = started.routers[0]
-        at_start = memory_of(router.process.pid)["rss_mb"]
-        figs = await added(sim, router.url, run.rates[0], sc.seconds, req)
-        figs.update(memory_of(router.process.pid), rss_mb_at_start=at_start,
-                    direct_max_rps=round(direct_max, 1), clients=CLIENTS,
-                    max_seconds=MAX_SECONDS, measured_at=now_utc())
+        pid = started.routers[0].process.pid
+        at_start = memory_of(pid)["rss_mb"]
+        figs = await added(sim, started.targets[0], run.rates[0], sc.seconds, body)
+        figs.update(memory_of(pid), rss_mb_at_start=at_start, clients=CLIENTS,
+                    direct_max_rps=round(direct_max, 1), max_seconds=MAX_SECONDS,
+                    measured_at=now_utc())
         if started.redis:
             figs["redis_rss_mb"] = memory_of(started.redis.process.pid)["rss_mb"]
         if s.router == "prefix" and s.store == "local" and run.round == 1:

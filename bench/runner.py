@@ -1,11 +1,10 @@
 """The one runner: any scenario of scenarios.py, round after round, on the same requests.
 
-Per workload the simulators start once (or per run, `fresh_fleet`) with the workload's KV
-capacity; then for each round, rate (or staircase) and setup in turn: the setup's routers start,
-the simulators are drained and reset, the load generator sends the workload, the counters are
-read, the routers stop. Every setup sees the same requests at the same offsets, and a drift of
-the host falls on every setup of a round alike. Each point's JSON (median and rounds,
-provenance written once) is rewritten after every round: an interrupted run keeps its points."""
+Per workload the simulators start once (or per run, `fresh_fleet`); for each round, rate (or
+staircase) and setup in turn: the setup's routers start, the simulators are drained and reset,
+the load generator sends the workload, the counters are read, the routers stop. Every setup
+sees the same requests at the same offsets, and a drift of the host falls on every setup of a
+round alike. Each point's JSON is rewritten after every round: an interrupted run keeps them."""
 
 from __future__ import annotations
 
@@ -17,31 +16,21 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from engine_sim.chat import render_chat
 from engine_sim.hf_tokenizer import TINY_TOKENIZER, ChatTokenizer
 
-from .harness import engines, figures, llama
+from .harness import capacity, engines, figures, llama
 from .harness.anchors import ANCHORS, PACKAGES, missing, start_anchor
-from .harness.capacity import (
-    capacity_warning,
-    kv_capacity,
-    measured_working_set,
-    run_count,
-    run_working_set,
-    slices,
-    token_ratio,
-)
 from .harness.fleet import Fleet, Proc, cpu_seconds, free_port
 from .harness.loadgen import RunLog, run_load
 from .harness.oracle import oracle_hit_rate
 from .harness.stats import point_row, ratio
-from .harness.workloads import Workload, build, messages_for
+from .harness.workloads import Workload, build
 from .provenance import now_utc, stamp
 from .scenarios import Scenario, Setup, setup, speaks_tokens
 
@@ -50,10 +39,12 @@ LOGS = Path("bench/.logs")
 MODEL = "sim-llama-3.1-70b"
 SHOWN = ("engine_hit_rate", "ttft_p50_ms", "ttft_p99_ms", "errors", "imbalance", "added_p50_ms",
          "added_p99_ms", "max_rps", "rss_mb", "rss_mb_1m_entries")  # each run's progress line
-Step = tuple[RunLog, Any, Any, Any, dict[str, Any]]  # log, snapshots before/after/at end, client
-# Simulators in vLLM's token mode (Scenario.kv_events): the repository's tokenizer, cached
-# tokens reported as vLLM reports them, preemption by recompute (the default there)
+Step = tuple[RunLog, Any, Any, Any]  # the log, the counters before, after and at the end
+# vLLM's token mode (Scenario.kv_events): our tokenizer, cached tokens reported as vLLM does
 TOKEN_SIM_ARGS = ("--tokenizer", "tiny", "--enable-prompt-tokens-details")
+# what a point's JSON records of its scenario: every field but the report's
+NOT_RECORDED = {"name", "help", "title", "method", "out", "rules", "columns", "group_by", "plot",
+                "report", "parts", "quick", "setups", "workloads", "rates", "kind"}
 
 
 @functools.cache
@@ -63,18 +54,15 @@ def tiny_tokenizer() -> ChatTokenizer:
 
 @dataclass(frozen=True)
 class Run:
-    """One unit of a scenario's plan: a setup meets a workload at one rate (or a staircase)."""
+    """A setup meets a workload at one rate (or a staircase's), in one round."""
 
     workload: str
     round: int
     setup: Setup
     rates: tuple[float, ...]
-    client: str = "loadgen"
 
 
 def engine_stats(sc: Scenario) -> engines.Stats:
-    """Where the engines' figures come from: the simulators' /stats, or llama-server's
-    /metrics read in the same shape."""
     return llama.fetch_stats if sc.engine == "llama" else engines.fetch_stats
 
 
@@ -83,22 +71,21 @@ def model_of(sc: Scenario) -> str:
 
 
 def plan(sc: Scenario) -> list[Run]:
-    """Every run in order: per workload, round after round; in a round the setups in turn at
-    each rate (so setups compared at one rate are measured minutes apart)."""
+    """Per workload, round after round; in a round the setups in turn at each rate."""
     out = []
     for w in sc.workloads:
         rates = sc.rates_of(w)
         for rnd in range(1, sc.repeats + 1):
             for block in [rates] if sc.staircase else [(r,) for r in rates]:
-                out += [Run(w, rnd, setup(s), block, c) for s in sc.setups for c in sc.clients]
+                out += [Run(w, rnd, setup(s), block) for s in sc.setups]
     return out
 
 
-def point_path(sc: Scenario, workload: str, name: str, rate: float, client: str) -> Path:
-    """One JSON per (workload, setup, rate, client), named as the committed results are."""
+def point_path(sc: Scenario, workload: str, name: str, rate: float) -> Path:
+    """One JSON per (workload, setup, rate), named as the committed results are."""
     many = "{rate" not in sc.out and (len(sc.rates_of(workload)) > 1 or "rate" in sc.group_by)
     parts = [workload if sc.kind == "routing" else "", name.replace("/", "_"),
-             f"{rate:g}" if many else "", sc.tag, "" if client == "loadgen" else client]
+             f"{rate:g}" if many else "", sc.tag]
     return RESULTS / sc.out.format(rate=rate) / ("-".join(p for p in parts if p) + ".json")
 
 
@@ -106,28 +93,23 @@ def workload_for(sc: Scenario, name: str, rates: tuple[float, ...]) -> tuple[Wor
     """(the sessions a run sends, the simulators' KV capacity, the working set it is for)."""
     if sc.kind == "overhead":  # its own small requests
         return Workload(name, [], 0), sc.kv_capacity or 1_000_000, 0
-    if sc.requests:  # a fixed count of single-turn requests
-        wl = build(name, sc.requests)
-        if any(len(s.turns) != 1 for s in wl.sessions):
-            raise ValueError(f"{name}: a fixed count of requests needs single-turn sessions")
-        ws = run_working_set(wl, rates[0], sc.requests / rates[0])
-    elif sc.staircase:
-        need = sum(n for _, n in slices(1.0, rates, sc.seconds))
+    if sc.staircase:
+        need = sum(n for _, n in capacity.slices(1.0, rates, sc.seconds))
         wl = build(name, need)
         if any(len(s.turns) > 1 for s in wl.sessions):  # ~6.5 requests a conversation
             wl = build(name, 7 * need)
-        # the capacity of the staircase's top rate, as if it all ran at it
-        ws = run_working_set(wl, max(rates), sc.seconds * len(rates))
+        # the capacity of the top rate, as if it all ran at it
+        ws = capacity.run_working_set(wl, max(rates), sc.seconds * len(rates))
     else:
         peak = rates[0] * (sc.shape.peak if sc.shape else 1.0)
-        wl = build(name, run_count(peak, sc.seconds))
-        ws = run_working_set(wl, rates[0], sc.seconds, sc.profile, sc.time_scale, sc.seed,
-                             sc.shape)
-    kv = kv_capacity(wl, ws)
+        wl = build(name, capacity.run_count(peak, sc.seconds))
+        ws = capacity.run_working_set(wl, rates[0], sc.seconds, sc.profile, sc.time_scale,
+                                      sc.seed, sc.shape)
+    kv = capacity.kv_capacity(wl, ws)
     if sc.kv_events:  # sizes are in 4-byte tokens; the simulators count the tokenizer's
-        ratio = token_ratio(wl, tiny_tokenizer())
-        kv, ws = math.ceil(kv * ratio / 16) * 16, round(ws * ratio)
-    if sc.ws_share:  # the working set is this share of the fleet's capacity
+        r = capacity.token_ratio(wl, tiny_tokenizer())
+        kv, ws = math.ceil(kv * r / 16) * 16, round(ws * r)
+    if sc.ws_share:
         kv = math.ceil(ws / (sc.ws_share * sc.replicas) / 16) * 16
     return wl, sc.kv_capacity or kv, ws
 
@@ -142,8 +124,8 @@ def capacities(sc: Scenario, kv: int) -> list[int]:
 
 @dataclass
 class Started:
-    targets: list[str]  # where the load goes (round-robin over router replicas)
-    routers: list[Proc]
+    targets: list[str] = field(default_factory=list)  # the load goes round-robin over them
+    routers: list[Proc] = field(default_factory=list)
     ours: bool = True  # our router: its /metrics and CPU are read
     redis: Proc | None = None
     redis_port: int = 0
@@ -151,30 +133,30 @@ class Started:
 
 async def start_setup(fleet: Fleet, sc: Scenario, s: Setup, sims: list[str], kv: int,
                       log_dir: Path, backends_file: Path | None = None) -> Started:
-    """The processes of one setup, talking to our router through its CLI and config only."""
+    """One setup's processes; our router is driven through its CLI and config only."""
     if s.router in ANCHORS:
         p = await start_anchor(fleet, s.router, sims)
         return Started([p.url], [p], ours=False)
-    out, extra = Started([], []), []
+    out, extra = Started(), []
     if s.store == "redis":
         out.redis_port = free_port()
         url = await fleet.start_redis(f"{s.name}-redis", out.redis_port)
         out.redis = fleet.procs[-1]
         extra += ["--store", "redis", "--redis-url", url, "--model-key", "bench/model"]
     settings = json.loads(json.dumps(dict(s.settings)))
-    if settings.get("index") == "events":  # where each simulator publishes (the same host)
+    if settings.get("index") == "events":  # where each simulator publishes
         settings.setdefault("events", {})["endpoints"] = {
             p.url: p.events for p in fleet.procs if p.url in sims and p.events}
     if settings:
         path = log_dir / f"{abs(hash(s.name))}.yaml"
         path.write_text(yaml.safe_dump(settings))
         extra += ["--config", str(path)]
-    if s.settings.get("log_decisions"):  # its decision lines are info (the harness: warning)
+    if s.settings.get("log_decisions"):  # decision lines are info; the harness's default warns
         extra += ["--log-level", "info"]
     if backends_file is not None:
         sims, extra = [], [*extra, "--discovery", "file", "--backends-file", str(backends_file)]
     for k in range(s.replicas):
-        out.routers.append(await fleet.start_router(  # its log: <setup>-<k>.log
+        out.routers.append(await fleet.start_router(
             f"{s.name}-{k}", sims, policy=s.router, kv_capacity=kv, extra=extra,
             env=dict(s.env) or None))
         out.targets.append(out.routers[-1].url)
@@ -183,10 +165,9 @@ async def start_setup(fleet: Fleet, sc: Scenario, s: Setup, sims: list[str], kv:
 
 async def events(sc: Scenario, fleet: Fleet, sims: list[str], started: Started,
                  backends_file: Path | None, restarted: dict[str, Any]) -> None:
-    """The scenario's events, each at its fraction of the run: the replicas that join (the
-    routers' backends file gains them), Redis killed and back empty, a simulator killed and
-    started again on its ports (a crashed pod back with an empty cache, its event sequence
-    from 0; `restarted` gets its counters from before, as the new process counts from 0)."""
+    """Each event at its fraction of the run: replicas join (the backends file gains them),
+    Redis killed and back empty, a simulator killed and started again on its ports (its
+    counters from before go to `restarted`: the new process counts from 0)."""
     t0 = time.perf_counter()
 
     async def restart() -> None:
@@ -201,9 +182,9 @@ async def events(sc: Scenario, fleet: Fleet, sims: list[str], started: Started,
         todo.append((sc.join_at, "replicas joined",
                      lambda: backends_file.write_text("\n".join(sims) + "\n")))
     if sc.redis_down and (redis := started.redis):
-        todo.append((sc.redis_down[0], "redis killed", lambda: fleet.stop(redis, "kill")))
-        todo.append((sc.redis_down[1], "redis back, empty",
-                     lambda: fleet.start_redis("redis-restarted", started.redis_port)))
+        todo += [(sc.redis_down[0], "redis killed", lambda: fleet.stop(redis, "kill")),
+                 (sc.redis_down[1], "redis back, empty",
+                  lambda: fleet.start_redis("redis-restarted", started.redis_port))]
     if sc.restart:
         todo.append((sc.restart[1], f"sim{sc.restart[0]} restarted", restart))
     for at, what, do in sorted(todo, key=lambda e: e[0]):
@@ -214,8 +195,7 @@ async def events(sc: Scenario, fleet: Fleet, sims: list[str], started: Started,
 
 
 async def timeline(sc: Scenario, sims: list[str], series: list[dict[str, Any]]) -> None:
-    """Every sample_s, the engines' counters over the window: the hit rate, the share of the
-    requests the replicas that joined served."""
+    """Every sample_s, over the window: the hit rate, the joined replicas' share of requests."""
     t0, k = time.perf_counter(), sc.first_replicas or len(sims)
     last = await engines.snapshot(sims)
     while True:
@@ -230,57 +210,39 @@ async def timeline(sc: Scenario, sims: list[str], series: list[dict[str, Any]]) 
 async def drive(sc: Scenario, run: Run, wl: Workload, sims: list[str],
                 targets: list[str]) -> list[Step]:
     """One step, or the staircase's steps back to back, each a fresh slice of the sequence."""
-    n = len(run.rates)
-    cuts = [(0, len(wl.sessions))]
+    n, cuts = len(run.rates), [(0, len(wl.sessions))]
     if sc.staircase:
-        cuts = slices(sum(len(s.turns) for s in wl.sessions) / len(wl.sessions), run.rates,
+        cuts = capacity.slices(sum(len(s.turns) for s in wl.sessions) / len(wl.sessions), run.rates,
                       sc.seconds)
         if cuts[-1][0] + cuts[-1][1] > len(wl.sessions):
             raise ValueError(f"{wl.name}: {len(wl.sessions)} sessions, the staircase needs more")
-    seconds = sc.requests / run.rates[0] * 3 + 30 if sc.requests else sc.seconds
+    seconds = sc.seconds
     stats = engine_stats(sc)
-    snaps = [await engines.snapshot(sims, stats)]
-    tasks = []
+    snaps, tasks = [await engines.snapshot(sims, stats)], []
     for k, (rate, (first, count)) in enumerate(zip(run.rates, cuts, strict=True)):
         part = dataclasses.replace(wl, sessions=wl.sessions[first:first + count])
         tasks.append(asyncio.create_task(run_load(
             part, targets, model_of(sc), rate, seconds, seed=sc.seed + k,
-            drain_timeout=(n - 1 - k) * seconds + sc.drain_s, progress=n == 1 and not sc.requests,
+            drain_timeout=(n - 1 - k) * seconds + sc.drain_s, progress=n == 1,
             session_header="X-Session-ID" if sc.session_header else None,
-            session_id_offset=first, api=sc.api, shape=sc.shape)))  # type: ignore[arg-type]
+            session_id_offset=first, shape=sc.shape)))
         if n > 1:
             await asyncio.sleep(max(0.0, snaps[0]["t"] + (k + 1) * seconds - time.perf_counter()))
             snaps.append(await engines.snapshot(sims, stats))
     logs = await asyncio.gather(*tasks)
     final = await engines.snapshot(sims, stats)
     return [(log, snaps[k], snaps[k + 1] if k < n - 1 else final,
-             snaps[k + 1] if n > 1 else final, {}) for k, log in enumerate(logs)]
-
-
-async def third_party(run: Run, wl: Workload, sims: list[str], url: str,
-                      log_dir: Path) -> list[Step]:
-    """inference-perf sending the same requests the load generator sends (the chat template's
-    rendering of each session's one turn); its client figures stand in for the log's."""
-    from .harness.thirdparty import run_inference_perf
-
-    prompts = [(render_chat(messages_for(s, 0, [])), s.turns[0].max_tokens) for s in wl.sessions]
-    before = await engines.snapshot(sims)
-    client = await run_inference_perf(url, MODEL, prompts, run.rates[0],
-                                      log_dir / f"inference-perf-{run.setup.name}",
-                                      timeout=len(prompts) / run.rates[0] + 300)
-    after = await engines.snapshot(sims)
-    return [(RunLog(), before, after, after, client)]
+             snaps[k + 1] if n > 1 else final) for k, log in enumerate(logs)]
 
 
 async def measure(sc: Scenario, fleet: Fleet, sims: list[str], run: Run, *, wl: Workload,
                   kv: int, log_dir: Path) -> list[dict[str, Any]]:
-    """One run: start the setup, drain and reset the fleet, drive the load, read the figures
-    (one dict per rate), stop the setup."""
+    """Start the setup, drain and reset the fleet, drive the load, read the figures (one dict
+    per rate), stop the setup."""
     backends_file = log_dir / "backends" if sc.first_replicas else None
     if backends_file:
         backends_file.write_text("\n".join(sims[:sc.first_replicas]) + "\n")
-    first = len(fleet.procs)
-    series: list[dict[str, Any]] = []
+    first, series, restarted = len(fleet.procs), [], {}
     try:
         started = await start_setup(fleet, sc, run.setup, sims, round(kv * sc.capacity_factor),
                                     log_dir, backends_file)
@@ -289,38 +251,33 @@ async def measure(sc: Scenario, fleet: Fleet, sims: list[str], run: Run, *, wl: 
         urls = [p.url for p in routers]
         redis_url = f"redis://127.0.0.1:{started.redis_port}/0" if started.redis else None
         r0, calls0 = await engines.router_figures(urls), await engines.redis_calls(redis_url)
-        cpu0 = sum(cpu_seconds(p.process.pid) for p in routers)
-        load = os.getloadavg()[0]
-        restarted: dict[str, Any] = {}
-        happen = asyncio.create_task(events(sc, fleet, sims, started, backends_file, restarted))
-        sample = asyncio.create_task(timeline(sc, sims, series)) if sc.sample_s else None
+        cpu0, load = sum(cpu_seconds(p.process.pid) for p in routers), os.getloadavg()[0]
+        tasks = [asyncio.create_task(events(sc, fleet, sims, started, backends_file, restarted))]
+        if sc.sample_s:
+            tasks.append(asyncio.create_task(timeline(sc, sims, series)))
         try:
-            steps = await (third_party(run, wl, sims, started.targets[0], log_dir)
-                           if run.client == "inference-perf" else
-                           drive(sc, run, wl, sims, started.targets))
-            await happen  # done long before the drain ends; an error in it is the run's
+            steps = await drive(sc, run, wl, sims, started.targets)
+            await tasks[0]  # done long before the drain ends; an error in it is the run's
         finally:
-            for t in (happen, sample):
-                if t is not None and not t.done():
-                    t.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await t
+            for t in tasks:
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
         if restarted:
             k = sc.restart[0]  # type: ignore[index]
             steps = [(log, before, figures.carried(after, k, restarted["before"]),
-                      figures.carried(end, k, restarted["before"]), client)
-                     for log, before, after, end, client in steps]
+                      figures.carried(end, k, restarted["before"]))
+                     for log, before, after, end in steps]
         cpu = sum(cpu_seconds(p.process.pid) for p in routers) - cpu0
         r1, calls = await engines.router_figures(urls), await engines.redis_calls(redis_url)
     finally:
         for p in fleet.procs[first:]:  # also what a failed start left running
             await fleet.stop(p)
+    step = llama.step_figures if sc.engine == "llama" else figures.step_figures
     out = []
-    for log, before, after, end, client in steps:
-        step = llama.step_figures if sc.engine == "llama" else figures.step_figures
-        fig = {**step(log, before, after, end), **client,
-               "caches_emptied_before": clean, "load_1m": round(load, 2),
-               "measured_at": now_utc()}
+    for log, before, after, end in steps:
+        fig = {**step(log, before, after, end), "caches_emptied_before": clean,
+               "load_1m": round(load, 2), "measured_at": now_utc()}
         if restarted:
             fig["restart_down_s"] = restarted["down_s"]
         if len(steps) == 1 and log.sent and sc.engine == "sim":  # from empty caches: comparable
@@ -328,9 +285,9 @@ async def measure(sc: Scenario, fleet: Fleet, sims: list[str], run: Run, *, wl: 
                 log.sent, sum(capacities(sc, kv)), answers=log.answers,
                 tokenizer=tiny_tokenizer() if sc.kv_events else None), 4)
             fig["hit_over_oracle"] = ratio(fig["engine_hit_rate"], fig["oracle_hit_rate"])
-            if (measured := measured_working_set(wl, log.results)) is not None:
+            if (measured := capacity.measured_working_set(wl, log.results)) is not None:
                 fig["working_set_measured_tokens"] = measured
-                if warn := capacity_warning(kv, measured, sc.replicas):
+                if warn := capacity.capacity_warning(kv, measured, sc.replicas):
                     fig["capacity_warning_measured"] = warn
         if routers and log.sent:
             fig.update(figures.router_figures(r1, r0, len(log.sent),
@@ -340,9 +297,9 @@ async def measure(sc: Scenario, fleet: Fleet, sims: list[str], run: Run, *, wl: 
             figures.window_ttfts(series, log.results, log.started, sc.sample_s)
             fig["series"] = series
             if sc.join_at is not None:
-                fig["seconds_to_40pct"] = figures.time_to_share(series, sc.join_at * sc.seconds,
-                                                                0.40)
-                fig.update(figures.after_join(series, sc.join_at * sc.seconds, 30.0))
+                at = sc.join_at * sc.seconds
+                fig["seconds_to_40pct"] = figures.time_to_share(series, at, 0.40)
+                fig.update(figures.after_join(series, at, 30.0))
             if sc.redis_down:
                 fig["recovery_s"] = figures.recovery_seconds(
                     series, *(f * sc.seconds for f in sc.redis_down))
@@ -351,27 +308,24 @@ async def measure(sc: Scenario, fleet: Fleet, sims: list[str], run: Run, *, wl: 
 
 
 def head(sc: Scenario, run: Run, rate: float, kv: int, ws: int) -> dict[str, Any]:
-    """What a point's JSON says about how it was run (its figures come after)."""
-    s = run.setup
+    """How a point was run: its identity, setup and every scenario field set (figures follow)."""
+    s, default = run.setup, Scenario("", "")
     out = {"scenario": sc.name, "workload": run.workload, "router": s.name, "rate": rate,
-           "client": run.client, "seconds": sc.seconds, "replicas": sc.replicas,
-           "router_replicas": s.replicas, "store": s.store, "profile": sc.profile,
-           "time_scale": sc.time_scale, "kv_capacity_tokens": kv, "working_set_tokens": ws,
-           # an anchor's pinned package (ours is the tree's `version`, in every point's stamp)
-           "seed": sc.seed, "router_version": PACKAGES[ANCHORS[s.router].package].spec
-           if s.router in ANCHORS else None, "settings": dict(s.settings),
-           "router_env": dict(s.env),
-           "capacity_factor": sc.capacity_factor, "tag": sc.tag, "requests": sc.requests,
+           "seconds": sc.seconds, "replicas": sc.replicas,
+           "router_replicas": s.replicas, "store": s.store, "settings": dict(s.settings),
+           "router_env": dict(s.env), "kv_capacity_tokens": kv, "working_set_tokens": ws,
+           "router_version": PACKAGES[ANCHORS[s.router].package].spec
+           if s.router in ANCHORS else None,  # an anchor's pin; ours is the stamp's version
            "sim_args": list(TOKEN_SIM_ARGS) if sc.kv_events else None,
-           "kv_events": sc.kv_events, "kv_capacities": list(capacities(sc, kv))
-           if sc.kv_shares else None, "restart": list(sc.restart) if sc.restart else None,
-           "shape": {"kind": type(sc.shape).__name__.lower(), **dataclasses.asdict(sc.shape)}
-           if sc.shape else None, "ws_share": sc.ws_share,
-           "capacity_warning": None if sc.engine == "llama" else capacity_warning(
-               kv, ws, sc.replicas),
-           **(llama.describe(sc.engine_config) if sc.engine == "llama" else {})}
-    if sc.engine == "llama":  # the simulators' settings
-        out = {k: v for k, v in out.items() if k not in ("profile", "time_scale", "sim_args")}
+           "kv_capacities": capacities(sc, kv) if sc.kv_shares else None,
+           "capacity_warning": None if sc.engine == "llama" else capacity.capacity_warning(
+               kv, ws, sc.replicas), **(llama.describe(sc.engine_config)
+                                        if sc.engine == "llama" else {})}
+    for f in dataclasses.fields(sc):
+        v = getattr(sc, f.name)
+        if f.name not in NOT_RECORDED and f.name not in out and v != getattr(default, f.name):
+            out[f.name] = dataclasses.asdict(v) | {"kind": type(v).__name__.lower()} \
+                if dataclasses.is_dataclass(v) else v
     return {k: v for k, v in out.items() if v not in (None, "", {}, [])}
 
 
@@ -389,7 +343,7 @@ async def run_scenario(sc: Scenario, command: str, write: bool = True) -> list[d
     if not sc.kv_events and any(speaks_tokens(r.setup) for r in runs):
         sc = dataclasses.replace(sc, kv_events=True)  # every setup on the same simulators
     for s in {r.setup.router for r in runs} & set(ANCHORS):
-        if why := missing(ANCHORS[s]):  # the other setups run; the report says what is missing
+        if why := missing(ANCHORS[s]):  # the others run; the report says what is missing
             print(f"skip {s}: {why}", flush=True)
             runs = [r for r in runs if r.setup.router != s]
     provenance, log_root = stamp(command), LOGS / f"{sc.name}-{int(time.time())}"
@@ -403,24 +357,16 @@ async def run_scenario(sc: Scenario, command: str, write: bool = True) -> list[d
             if (run.workload, run.rates) not in built:
                 built[run.workload, run.rates] = workload_for(sc, run.workload, run.rates)
             wl, kv, ws = built[run.workload, run.rates]
-            key = (run.workload, kv)  # a new fleet when it changes
-            if fleet is None or sc.fresh_fleet or fleet_key != key:
+            if fleet is None or sc.fresh_fleet or fleet_key != (run.workload, kv):
                 if fleet is not None:
                     await fleet.close()
-                fleet, fleet_key = Fleet(log_root / f"{run.workload}-{i}"), key
-                if sc.engine == "llama":
-                    sims = await llama.start_engines(fleet, sc.replicas, sc.engine_config)
-                else:
-                    sims = [p.url for p in await asyncio.gather(*(fleet.start_sim(
-                        f"sim{k}", model=MODEL, kv_capacity=cap, profile=sc.profile,
-                        time_scale=sc.time_scale, kv_events=sc.kv_events,
-                        extra=list(TOKEN_SIM_ARGS) if sc.kv_events else None)
-                        for k, cap in enumerate(capacities(sc, kv))))]
+                fleet, fleet_key = Fleet(log_root / f"{run.workload}-{i}"), (run.workload, kv)
+                sims = await (llama.start_engines(fleet, sc.replicas, sc.engine_config)
+                              if sc.engine == "llama" else start_sims(fleet, sc, kv))
             elapsed = time.monotonic() - t_start
             left = (planned - done) * (elapsed / done if done else 1.0)
             print(f"[{i}/{len(runs)}] {sc.name}: {run.workload or 'the simulator'} via "
-                  f"{run.setup.name}"
-                  f"{'' if run.client == 'loadgen' else ' (' + run.client + ')'} at "
+                  f"{run.setup.name} at "
                   f"{', '.join(f'{r:g}' for r in run.rates)} req/s, round {run.round}/"
                   f"{sc.repeats}; {_duration(elapsed)} elapsed, about {_duration(left)} left",
                   flush=True)
@@ -433,13 +379,13 @@ async def run_scenario(sc: Scenario, command: str, write: bool = True) -> list[d
             finally:
                 done += len(run.rates) * sc.seconds + 10
             for rate, fig in zip(run.rates, figs, strict=True):
-                key = (run.workload, run.setup.name, rate, run.client)
+                key = (run.workload, run.setup.name, rate)
                 rounds.setdefault(key, []).append(fig)
                 points[key] = point_row(head(sc, run, rate, kv, ws), rounds[key], provenance)
                 print(f"  {rate:g} req/s: " + ", ".join(f"{k} {fig[k]}" for k in SHOWN if k in fig),
                       flush=True)
                 if write:
-                    path = point_path(sc, run.workload, run.setup.name, rate, run.client)
+                    path = point_path(sc, run.workload, run.setup.name, rate)
                     path.parent.mkdir(parents=True, exist_ok=True)
                     path.write_text(json.dumps(points[key], indent=2) + "\n")
     finally:
@@ -448,3 +394,10 @@ async def run_scenario(sc: Scenario, command: str, write: bool = True) -> list[d
     print(f"{sc.name}: {len(points)} points in {_duration(time.monotonic() - t_start)}",
           flush=True)
     return list(points.values())
+
+
+async def start_sims(fleet: Fleet, sc: Scenario, kv: int) -> list[str]:
+    return [p.url for p in await asyncio.gather(*(fleet.start_sim(
+        f"sim{k}", model=MODEL, kv_capacity=cap, profile=sc.profile, time_scale=sc.time_scale,
+        kv_events=sc.kv_events, extra=list(TOKEN_SIM_ARGS) if sc.kv_events else None)
+        for k, cap in enumerate(capacities(sc, kv))))]
