@@ -1,7 +1,7 @@
-"""`python -m bench autoscale`: a growing working set drives the real HPA up, and down after
-the load (issue 6). Every process real (e2e/cluster's control plane, our operator and adapter,
-routers on the router.yaml the operator rendered) but the model-server pods: kwok's, stood for by
-as many engine-sims in the routers' backends file as the model has Ready replicas."""
+"""`python -m bench autoscale`: a growing working set drives the real HPA up, and down after the
+load (issue 6). Every process is real (e2e/cluster's control plane, our operator and adapter,
+routers on the router.yaml the operator rendered) but the model-server pods, kwok's: the routers'
+backends file lists as many engine-sims as the model has Ready replicas."""
 
 import asyncio
 import contextlib
@@ -167,8 +167,7 @@ async def _run(s: Settings, cp: Any, log_dir: Path) -> dict[str, Any]:
             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
             "--discovery", "file", "--backends-file", str(backends)], port, "/readyz")).url
             for i, port in enumerate(free_port() for _ in range(s.routers))]
-        # The HPA acts once kube-controller-manager knows the CRD's scale subresource and our
-        # metric has values: wait for that, so the scale-up timing is the loop's alone.
+        # Load once the HPA acts (scale subresource known, metric served): timings are the loop's.
         await asyncio.to_thread(cp.wait_for, lambda: any(
             c["type"] == "ScalingActive" and c["status"] == "True"
             for c in get(HPA_PATH).get("status", {}).get("conditions", [])), 120, "the HPA")
@@ -178,15 +177,16 @@ async def _run(s: Settings, cp: Any, log_dir: Path) -> dict[str, Any]:
             await asyncio.sleep(max(0.0, t0 + k * s.sample_s - time.monotonic()))
             t = round(time.monotonic() - t0, 1)
             if k == 3:  # after a few idle samples
-                load = asyncio.create_task(run_load(workload, routers, MODEL, s.rate, s.ramp_s
-                                                    + s.hold_s, seed=s.seed, progress=False))
+                load = asyncio.create_task(run_load(workload, routers, MODEL, s.rate,
+                                                    s.ramp_s + s.hold_s, seed=s.seed,
+                                                    progress=False))
                 load_start, load_stop = t, t + s.ramp_s + s.hold_s
                 print(f"  HPA active; load from t={t} s to {load_stop} s", flush=True)
             metric, hpa, model = await asyncio.gather(*(asyncio.to_thread(get, p) for p in (
                 METRIC_PATH, HPA_PATH, MODEL_PATH)))
-            items = metric.get("items")  # none: the adapter serves no figure (stale, missing)
-            x = {"t": t, "working_set_tokens": sum(float(i["value"]) for i in items)
-                 if items else None,  # a whole number of tokens: no "m" suffix
+            # a whole number of tokens; no items: the adapter serves no figure (stale, missing)
+            ws = [float(i["value"]) for i in metric.get("items", [])]
+            x = {"t": t, "working_set_tokens": sum(ws) if ws else None,
                  "hpa_desired": hpa.get("status", {}).get("desiredReplicas"),
                  "spec_replicas": model.get("spec", {}).get("replicas"),
                  "ready_replicas": model.get("status", {}).get("readyReplicas")}
@@ -195,10 +195,10 @@ async def _run(s: Settings, cp: Any, log_dir: Path) -> dict[str, Any]:
             tmp = backends.with_suffix(".tmp")
             tmp.write_text("".join(u + "\n" for u in sims[:max(1, x["ready_replicas"] or 0)]))
             tmp.replace(backends)
-            # done: two samples after the load with everything (the HPA too) at minReplicas
-            if t > load_stop + s.settle_timeout_s or len([y for y in samples if y["t"] > load_stop
-                                                          and y["hpa_desired"] == s.min_replicas
-                                                          and all_at(y, s.min_replicas)]) >= 2:
+            # done: two samples after the load with all at minReplicas, the HPA's wish too
+            settled = [y for y in samples if y["t"] > load_stop and all_at(y, s.min_replicas)
+                       and y["hpa_desired"] == s.min_replicas]
+            if len(settled) == 2 or t > load_stop + s.settle_timeout_s:
                 break
         log = await load
         return {"load_start_s": load_start, "load_stop_s": load_stop, "requests": len(log.results),
