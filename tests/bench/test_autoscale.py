@@ -1,33 +1,29 @@
-"""The pure parts of bench/autoscale.py: the growing workload, Kubernetes quantities and
-conditions, the capacity model of a sample, scale events and the run's summary, the settle
-check, HPA reads and the manifest. The run itself (control plane, operator, adapter, routers)
-is not started here."""
+"""The pure parts of bench/autoscale.py: the growing workload, the capacity model of a sample,
+scale events and the run's summary, the manifest and what the HPA the operator renders for it
+reads. The run itself (control plane, operator, adapter, routers) is not started here."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
-
-import pytest
+from urllib.parse import parse_qs, urlsplit
 
 from bench.autoscale import (
-    HPA_TOLERANCE,
-    IN_FLIGHT_METRIC,
+    METRIC_PATH,
     NAME,
     NAMESPACE,
-    WORKING_SET_METRIC,
     Settings,
-    back_at_min,
-    condition,
     derived,
     growing_workload,
-    hpa_selector,
     model_manifest,
-    quantity,
     scale_events,
     summarize,
     tenants_at,
 )
+from prefix_operator.config import OperatorConfig
+from prefix_operator.render import horizontal_pod_autoscaler
+from prefix_operator.spec import Model
+from prefix_router.contract import WORKING_SET_METRIC
 
 # One replica holds 1,000 tokens; the HPA's target is half of that: 500 tokens per replica.
 S = Settings(kv_capacity_tokens=1000, target_cache_pressure=0.5, min_replicas=1, max_replicas=4)
@@ -35,20 +31,14 @@ LOAD_START, LOAD_STOP = 4.0, 20.0
 
 
 def sample(
-    t: float,
-    ws: float | None,
-    spec: int | None,
-    ready: int,
-    status: int | None = None,
-    desired: int | None = None,
+    t: float, ws: float | None, spec: int | None, ready: int, desired: int | None = None
 ) -> dict[str, Any]:
     """A sample as the benchmark records it, with the derived figures added the same way."""
     x: dict[str, Any] = {
         "t": t,
         "working_set_tokens": ws,
         "spec_replicas": spec,
-        "ready_pods": ready,
-        "status_ready_replicas": ready if status is None else status,
+        "ready_replicas": ready,
         "hpa_desired": spec if desired is None else desired,
     }
     x.update(derived(x, S))
@@ -74,9 +64,9 @@ RUN = [
     sample(26, 900, 3, 3),  # needed 1.8: the first ask for fewer (2)
     sample(28, 900, 3, 3),
     sample(30, 400, 3, 3),  # needed 0.8: asks for 1
-    sample(32, 400, 2, 3, status=3),  # spec 3 -> 2, pods not yet gone
-    sample(34, 0, 2, 2, status=3),  # pods gone, status not yet updated
-    sample(36, 0, 2, 2),  # Ready and in the status: 4 s after the change
+    sample(32, 400, 2, 3),  # spec 3 -> 2, replicas not yet gone
+    sample(34, 0, 2, 3),  # still not
+    sample(36, 0, 2, 2),  # 4 s after the change
     sample(38, 0, 1, 1),  # spec 2 -> 1, all at min at once
     sample(40, 0, 1, 1),
 ]
@@ -130,67 +120,7 @@ def test_the_growing_workload_only_uses_tenants_introduced_so_far() -> None:
     assert [x.turns[0].user for x in other.sessions] != [x.turns[0].user for x in w.sessions]
 
 
-# --------------------------------------------------------------------------- quantities, reads
-
-
-@pytest.mark.parametrize(
-    ("q", "value"),
-    [
-        ("80k", 80_000.0),
-        ("1500m", 1.5),
-        ("45000", 45_000.0),
-        ("1.5e3", 1500.0),
-        (" 3M ", 3e6),
-        ("2G", 2e9),
-        ("2Ki", 2048.0),
-        ("1Mi", 1024.0**2),
-        ("1Gi", 1024.0**3),
-        (7, 7.0),
-        (2.5, 2.5),
-        (None, None),
-    ],
-)
-def test_quantity(q: Any, value: float | None) -> None:
-    assert quantity(q) == value
-
-
-def test_condition_finds_the_type_or_gives_an_empty_dict() -> None:
-    obj = {"status": {"conditions": [{"type": "Ready", "status": "False"},
-                                     {"type": "ScalingActive", "status": "True"}]}}  # fmt: skip
-    assert condition(obj, "ScalingActive") == {"type": "ScalingActive", "status": "True"}
-    assert condition(obj, "Ready")["status"] == "False"
-    assert condition(obj, "Missing") == {}
-    assert condition(None, "Ready") == {}
-    assert condition({"status": None}, "Ready") == {}
-    assert condition({"status": {"conditions": None}}, "Ready") == {}
-
-
-HPA = {
-    "spec": {"metrics": [
-        {"type": "External", "external": {"metric": {
-            "name": WORKING_SET_METRIC,
-            "selector": {"matchLabels": {"prefixrouter.io/model": "chat",
-                                         "prefixrouter.io/namespace": "autoscale"}}}}},
-        {"type": "External", "external": {"metric": {
-            "name": IN_FLIGHT_METRIC,
-            "selector": {"matchLabels": {"z": "1", "a": "2"}}}}},
-    ]},
-    "status": {"currentMetrics": [
-        {"type": "External", "external": {"metric": {"name": IN_FLIGHT_METRIC},
-                                          "current": {"value": "1500m"}}},
-        {"type": "External", "external": {"metric": {"name": WORKING_SET_METRIC},
-                                          "current": {"averageValue": "16k"}}},
-    ]},
-}  # fmt: skip
-
-
-def test_hpa_selector_is_the_metrics_labels_sorted() -> None:
-    assert hpa_selector(HPA, WORKING_SET_METRIC) == (
-        "prefixrouter.io/model=chat,prefixrouter.io/namespace=autoscale"
-    )
-    assert hpa_selector(HPA, IN_FLIGHT_METRIC) == "a=2,z=1"
-    with pytest.raises(KeyError):
-        hpa_selector(HPA, "no_such_metric")
+# --------------------------------------------------------------------------- the manifest
 
 
 def test_model_manifest_carries_the_settings() -> None:
@@ -211,26 +141,47 @@ def test_model_manifest_carries_the_settings() -> None:
     }
 
 
+def test_the_benchmark_reads_what_the_operators_hpa_reads() -> None:
+    # The metric the samples plot is the one (name and selector) the HPA rendered for the
+    # manifest scales on, and its per-replica target is the one the samples divide by.
+    hpa = horizontal_pod_autoscaler(
+        Model.from_body({**model_manifest(Settings(), "redis://r:6379/0"), "metadata": {
+            "name": NAME, "namespace": NAMESPACE, "uid": "u", "generation": 1}}),
+        OperatorConfig(),
+    )
+    (ext,) = [m["external"] for m in hpa["spec"]["metrics"]
+              if m["external"]["metric"]["name"] == WORKING_SET_METRIC]  # fmt: skip
+    url = urlsplit(METRIC_PATH)
+    assert url.path == f"/apis/external.metrics.k8s.io/v1beta1/namespaces/{NAMESPACE}/" + (
+        WORKING_SET_METRIC
+    )
+    selector = parse_qs(url.query)["labelSelector"][0]
+    assert dict(kv.split("=") for kv in selector.split(",")) == ext["metric"]["selector"][
+        "matchLabels"
+    ]
+    assert float(ext["target"]["averageValue"]) == Settings().working_set_per_replica
+
+
 # --------------------------------------------------------------------------- samples
 
 
 def test_derived_pressure_is_per_ready_replica_and_needed_is_per_target() -> None:
-    assert derived({"working_set_tokens": 1500, "ready_pods": 2}, S) == {
+    assert derived({"working_set_tokens": 1500, "ready_replicas": 2}, S) == {
         "cache_pressure": 0.75,  # 1500 / (2 x 1000)
         "needed_replicas": 3.0,  # 1500 / 500
     }
-    assert derived({"working_set_tokens": 1000, "ready_pods": 3}, S) == {
+    assert derived({"working_set_tokens": 1000, "ready_replicas": 3}, S) == {
         "cache_pressure": 0.333,
         "needed_replicas": 2.0,
     }
-    # No Ready pod: no pressure to speak of, but the HPA's ratio still is.
-    assert derived({"working_set_tokens": 700, "ready_pods": 0}, S) == {
+    # No Ready replica: no pressure to speak of, but the HPA's ratio still is.
+    assert derived({"working_set_tokens": 700, "ready_replicas": 0}, S) == {
         "cache_pressure": None,
         "needed_replicas": 1.4,
     }
     assert derived({"working_set_tokens": 700}, S)["cache_pressure"] is None
     # No metric (stale or missing): neither.
-    assert derived({"working_set_tokens": None, "ready_pods": 2}, S) == {
+    assert derived({"working_set_tokens": None, "ready_replicas": 2}, S) == {
         "cache_pressure": None,
         "needed_replicas": None,
     }
@@ -238,10 +189,10 @@ def test_derived_pressure_is_per_ready_replica_and_needed_is_per_target() -> Non
 
 def test_scale_events_with_when_each_was_ready() -> None:
     assert scale_events(RUN) == [
-        {"t": 8, "from": 1, "to": 2, "ready_t": 10, "ready_after_s": 2},
-        {"t": 12, "from": 2, "to": 3, "ready_t": 12, "ready_after_s": 0},
-        {"t": 32, "from": 3, "to": 2, "ready_t": 36, "ready_after_s": 4},
-        {"t": 38, "from": 2, "to": 1, "ready_t": 38, "ready_after_s": 0},
+        {"t": 8, "from": 1, "to": 2, "ready_after_s": 2},
+        {"t": 12, "from": 2, "to": 3, "ready_after_s": 0},
+        {"t": 32, "from": 3, "to": 2, "ready_after_s": 4},
+        {"t": 38, "from": 2, "to": 1, "ready_after_s": 0},
     ]
 
 
@@ -250,95 +201,60 @@ def test_scale_events_skip_missing_reads_and_note_never_ready() -> None:
         sample(0, 0, 1, 1),
         sample(2, 0, None, 1),  # a failed read: neither a change nor a reset
         sample(4, 0, 1, 1),
-        sample(6, 0, 2, 1),  # never both Ready before spec moves on
+        sample(6, 0, 2, 1),  # never all Ready before spec moves on
         sample(8, 0, 3, 1),
-        sample(10, 0, 3, 3, status=2),  # pods Ready but the status not: not yet
+        sample(10, 0, None, 3),  # a failed read does not end the wait
         sample(12, 0, 3, 3),
     ]
     assert scale_events(xs) == [
-        {"t": 6, "from": 1, "to": 2, "ready_t": None, "ready_after_s": None},
-        {"t": 8, "from": 2, "to": 3, "ready_t": 12, "ready_after_s": 4},
+        {"t": 6, "from": 1, "to": 2, "ready_after_s": None},
+        {"t": 8, "from": 2, "to": 3, "ready_after_s": 4},
     ]
     assert scale_events([]) == []
 
 
 def test_the_summary_of_a_run() -> None:
     m = summarize(RUN, S, LOAD_START, LOAD_STOP)
-    assert m["scale_events"] == scale_events(RUN)
-    del m["scale_events"]
+    assert m.pop("scale_events") == scale_events(RUN)
     assert m == {
-        "samples": 21,
         "peak_working_set_tokens": 1400,
         "peak_cache_pressure": 0.9,  # t=8: 900 tokens on the one Ready replica
-        "peak_needed_replicas": 2.8,
-        "max_hpa_desired_replicas": 3,
         "max_spec_replicas": 3,
-        "max_ready_pods": 3,
         # Up: over 0.5 x 1.1 at t=6 (t=4's 0.52 and t=10's 0.55 are not), spec 2 at t=8.
         "pressure_over_target_at_s": 6,
         "first_scale_up_at_s": 8,
         "seconds_to_first_scale_up": 2,
-        "peak_replicas_ready_at_s": 12,
-        "seconds_load_start_to_peak_ready": 8,
-        "scale_up_steps": 2,
-        "mean_seconds_spec_to_ready": 1.5,  # (2 + 0 + 4 + 0) / 4
-        # Down: t=24 asked for ceil(2.4) = 3, as many; t=26 for 2, fewer; spec 2 at t=32.
+        # Down: all at 1 first at t=38.
         "load_stopped_at_s": 20,
-        "working_set_asks_fewer_at_s": 26,
-        "first_scale_down_at_s": 32,
-        "seconds_metric_to_scale_down": 6,
-        "scale_down_steps": 2,
         "back_to_min_at_s": 38,
         "seconds_load_stop_to_min": 18,
     }
 
 
 def test_the_summary_counts_only_what_it_should() -> None:
-    # Pressure over the target before the load started is not the load's doing; a step down
-    # during the load is not part of the way back.
+    # Pressure over the target before the load started is not the load's doing; a scale-up
+    # before the pressure went over it is not an answer to it.
     xs = [
         sample(0, 900, 1, 1),  # pressure 0.9 before the load
         sample(4, 400, 1, 1),
         sample(6, 700, 1, 1),  # 0.7: over 0.55
         sample(8, 700, 2, 2),
-        sample(10, 300, 1, 1),  # down during the load
+        sample(10, 300, 1, 1),
         sample(12, 300, 1, 1),
     ]
     m = summarize(xs, S, 4.0, 12.0)
     assert m["pressure_over_target_at_s"] == 6
     assert m["first_scale_up_at_s"] == 8 and m["seconds_to_first_scale_up"] == 2
-    assert m["scale_up_steps"] == 1
-    assert m["scale_down_steps"] == 0 and m["first_scale_down_at_s"] is None
-    assert m["seconds_metric_to_scale_down"] is None
     assert m["back_to_min_at_s"] == 12 and m["seconds_load_stop_to_min"] == 0
+    early = [sample(4, 0, 2, 2), sample(6, 700, 2, 1)]  # up at 4, over only at 6
+    assert summarize(early, S, 0.0, 10.0)["seconds_to_first_scale_up"] is None
+    assert summarize([sample(0, 0, 1, 1), *early], S, 0.0, 10.0)["first_scale_up_at_s"] == 4
 
 
 def test_the_summary_of_no_samples() -> None:
     m = summarize([], S, 0.0, 10.0)
-    assert m["samples"] == 0 and m["scale_events"] == []
+    assert m["scale_events"] == []
     assert m["peak_working_set_tokens"] is None and m["peak_cache_pressure"] is None
-    assert m["max_spec_replicas"] == 0 and m["max_hpa_desired_replicas"] == 0
+    assert m["max_spec_replicas"] is None
     assert m["first_scale_up_at_s"] is None and m["back_to_min_at_s"] is None
-    assert m["mean_seconds_spec_to_ready"] is None
-
-
-def test_the_tolerance_is_the_hpas_default() -> None:
-    # kube-controller-manager's --horizontal-pod-autoscaler-tolerance default
-    assert HPA_TOLERANCE == 0.1
-
-
-def test_back_at_min_needs_two_samples_after_the_load_all_at_min() -> None:
-    at_min = [sample(t, 0, 1, 1) for t in (10, 12)]
-    assert back_at_min(at_min, 9.0, 1)
-    # Only samples after the load count: one at the stop itself does not.
-    assert not back_at_min(at_min, 10.0, 1)
-    assert not back_at_min(at_min[:1], 9.0, 1)
-    assert not back_at_min([], 0.0, 1)
-    # Any of spec, Ready pods, status or the HPA's desired count not at min yet: not settled.
-    for late in (sample(12, 0, 2, 1, status=1, desired=1), sample(12, 0, 1, 2, status=1),
-                 sample(12, 0, 1, 1, status=2), sample(12, 0, 1, 1, desired=2)):  # fmt: skip
-        assert not back_at_min([at_min[0], late], 9.0, 1), late
-    # The last two decide: an earlier sample above min does not matter.
-    assert back_at_min([sample(8, 0, 3, 3), *at_min], 5.0, 1)
-    assert not back_at_min([*at_min, sample(14, 0, 2, 2)], 9.0, 1)
-    assert back_at_min([sample(t, 0, 2, 2) for t in (10, 12)], 9.0, 2)
+    assert m["seconds_load_stop_to_min"] is None
