@@ -137,15 +137,6 @@ def judge(rule: Rule, rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, str,
         met = None if rule.bound is None else OPS.get(rule.op, operator.ge)(value, rule.bound)
         if rule.saturation and saturated(rows, r):
             met, text = None, text + " (past saturation: not judged)"
-        if rule.below is not None and rule.bound is not None:
-            ref = _others(r, rows, key, rule.below)[:1]
-            if not ref or (rule.over and not ref[0].get(rule.over)):
-                continue
-            v = float(ref[0][key]) / (float(ref[0][rule.over]) if rule.over else 1.0)
-            if v >= rule.bound:
-                met, text = None, text + f" (not judged: {ref[0]['router']} {v:.3f} is not below)"
-            else:
-                text += f" ({ref[0]['router']} {v:.3f})"
         names = {k: r.get(k) for k in IDENTITY if r.get(k) is not None}
         out.append((rule.text.format(**names), text, met))
     return out
