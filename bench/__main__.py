@@ -33,6 +33,7 @@ def generic(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", "--workloads", dest="workloads", nargs="+", choices=WORKLOADS)
     p.add_argument("--setups", "--routers", dest="setups", nargs="+", metavar="SETUP",
                    help=f"{', '.join(SETUPS)}, or prefix,key=value[,key=value] (router settings)")
+    p.add_argument("--requests", type=int, help="a fixed count of requests (single-turn)")
     p.add_argument("--tag", help="tells this run's points apart from others of the same points")
     p.add_argument("--router-kv-capacity-factor", dest="capacity_factor", type=float,
                    help="the routers are told F x the simulators' KV capacity (default 1)")
@@ -84,7 +85,7 @@ def declared(args: argparse.Namespace) -> list[Scenario]:
     name = ALIASES[args.cmd][0] if args.cmd in ALIASES else args.cmd
     sc = SCENARIOS.get(name) or Scenario("run", "", fresh_fleet=True, out=".")
     over: dict[str, Any] = {k: getattr(args, k) for k in (
-        "seconds", "tag", "capacity_factor") if getattr(args, k)}
+        "seconds", "requests", "tag", "capacity_factor") if getattr(args, k)}
     over.update({k: tuple(getattr(args, k)) for k in ("workloads", "rates", "setups")
                  if getattr(args, k)})
     if args.repeat:

@@ -27,8 +27,9 @@ LABELS = {
     "index_corrections_over": "corrections over", "index_corrections_under": "corrections under",
     "prediction_error_mean_tokens": "mean pred. error tok",
 }
-IDENTITY = ("scenario", "workload", "rate", "router", "tag")
-OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}
+IDENTITY = ("scenario", "workload", "rate", "router", "client", "tag")
+OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt,
+       "within": lambda x, b: abs(x - 1.0) <= b}
 
 
 def label(key: str) -> str:
@@ -45,7 +46,7 @@ def load(sc: Scenario) -> list[dict[str, Any]]:
         row = json.loads(Path(path).read_text())
         if isinstance(row, dict) and "router" in row:
             row.setdefault("scenario", sc.name)
-            if row["scenario"] == sc.name:
+            if row["scenario"] == sc.name and row.get("client", "loadgen") in sc.clients:
                 rows.append(row)
     return sorted(rows, key=lambda r: (str(r.get("workload")), r.get("rate") or 0))
 
@@ -152,7 +153,8 @@ def verdicts(rules: Sequence[Rule], rows: Sequence[Mapping[str, Any]]) -> list[s
 
 def _order(sc: Scenario) -> Any:
     rank = {getattr(s, "name", s): i for i, s in enumerate(sc.setups)}  # a name or a Setup
-    return lambda r: (r.get("rate") or 0, rank.get(r["router"], 99), r["router"])
+    return lambda r: (r.get("rate") or 0, rank.get(r["router"], 99), r["router"],
+                      r.get("client", ""))
 
 
 def provenance(rows: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from engine_sim.chat import render_chat
 from engine_sim.hf_tokenizer import TINY_TOKENIZER, ChatTokenizer
 
 from .harness import capacity, engines, figures, llama
@@ -30,7 +31,7 @@ from .harness.fleet import Fleet, Proc, cpu_seconds, free_port
 from .harness.loadgen import RunLog, run_load
 from .harness.oracle import oracle_hit_rate
 from .harness.stats import point_row, ratio
-from .harness.workloads import Workload, build
+from .harness.workloads import Workload, build, messages_for
 from .provenance import now_utc, stamp
 from .scenarios import Scenario, Setup, setup, speaks_tokens
 
@@ -39,7 +40,7 @@ LOGS = Path("bench/.logs")
 MODEL = "sim-llama-3.1-70b"
 SHOWN = ("engine_hit_rate", "ttft_p50_ms", "ttft_p99_ms", "errors", "imbalance", "added_p50_ms",
          "added_p99_ms", "max_rps", "rss_mb", "rss_mb_1m_entries")  # each run's progress line
-Step = tuple[RunLog, Any, Any, Any]  # the log, the counters before, after and at the end
+Step = tuple[RunLog, Any, Any, Any, dict[str, Any]]  # log, counters before/after/end, client
 # vLLM's token mode (Scenario.kv_events): our tokenizer, cached tokens reported as vLLM does
 TOKEN_SIM_ARGS = ("--tokenizer", "tiny", "--enable-prompt-tokens-details")
 # what a point's JSON records of its scenario: every field but the report's
@@ -60,6 +61,7 @@ class Run:
     round: int
     setup: Setup
     rates: tuple[float, ...]
+    client: str = "loadgen"
 
 
 def engine_stats(sc: Scenario) -> engines.Stats:
@@ -77,15 +79,15 @@ def plan(sc: Scenario) -> list[Run]:
         rates = sc.rates_of(w)
         for rnd in range(1, sc.repeats + 1):
             for block in [rates] if sc.staircase else [(r,) for r in rates]:
-                out += [Run(w, rnd, setup(s), block) for s in sc.setups]
+                out += [Run(w, rnd, setup(s), block, c) for s in sc.setups for c in sc.clients]
     return out
 
 
-def point_path(sc: Scenario, workload: str, name: str, rate: float) -> Path:
-    """One JSON per (workload, setup, rate), named as the committed results are."""
+def point_path(sc: Scenario, workload: str, name: str, rate: float, client: str) -> Path:
+    """One JSON per (workload, setup, rate, client), named as the committed results are."""
     many = "{rate" not in sc.out and (len(sc.rates_of(workload)) > 1 or "rate" in sc.group_by)
     parts = [workload if sc.kind == "routing" else "", name.replace("/", "_"),
-             f"{rate:g}" if many else "", sc.tag]
+             f"{rate:g}" if many else "", sc.tag, "" if client == "loadgen" else client]
     return RESULTS / sc.out.format(rate=rate) / ("-".join(p for p in parts if p) + ".json")
 
 
@@ -93,7 +95,12 @@ def workload_for(sc: Scenario, name: str, rates: tuple[float, ...]) -> tuple[Wor
     """(the sessions a run sends, the simulators' KV capacity, the working set it is for)."""
     if sc.kind == "overhead":  # its own small requests
         return Workload(name, [], 0), sc.kv_capacity or 1_000_000, 0
-    if sc.staircase:
+    if sc.requests:
+        wl = build(name, sc.requests)
+        if any(len(s.turns) != 1 for s in wl.sessions):
+            raise ValueError(f"{name}: a fixed count of requests needs single-turn sessions")
+        ws = capacity.run_working_set(wl, rates[0], sc.requests / rates[0])
+    elif sc.staircase:
         need = sum(n for _, n in capacity.slices(1.0, rates, sc.seconds))
         wl = build(name, need)
         if any(len(s.turns) > 1 for s in wl.sessions):  # ~6.5 requests a conversation
@@ -216,23 +223,37 @@ async def drive(sc: Scenario, run: Run, wl: Workload, sims: list[str],
                       sc.seconds)
         if cuts[-1][0] + cuts[-1][1] > len(wl.sessions):
             raise ValueError(f"{wl.name}: {len(wl.sessions)} sessions, the staircase needs more")
-    seconds = sc.seconds
+    seconds = sc.requests / run.rates[0] * 3 + 30 if sc.requests else sc.seconds
     stats = engine_stats(sc)
     snaps, tasks = [await engines.snapshot(sims, stats)], []
     for k, (rate, (first, count)) in enumerate(zip(run.rates, cuts, strict=True)):
         part = dataclasses.replace(wl, sessions=wl.sessions[first:first + count])
         tasks.append(asyncio.create_task(run_load(
             part, targets, model_of(sc), rate, seconds, seed=sc.seed + k,
-            drain_timeout=(n - 1 - k) * seconds + sc.drain_s, progress=n == 1,
+            drain_timeout=(n - 1 - k) * seconds + sc.drain_s, progress=n == 1 and not sc.requests,
             session_header="X-Session-ID" if sc.session_header else None,
-            session_id_offset=first, shape=sc.shape)))
+            session_id_offset=first, api=sc.api, shape=sc.shape)))  # type: ignore[arg-type]
         if n > 1:
             await asyncio.sleep(max(0.0, snaps[0]["t"] + (k + 1) * seconds - time.perf_counter()))
             snaps.append(await engines.snapshot(sims, stats))
     logs = await asyncio.gather(*tasks)
     final = await engines.snapshot(sims, stats)
     return [(log, snaps[k], snaps[k + 1] if k < n - 1 else final,
-             snaps[k + 1] if n > 1 else final) for k, log in enumerate(logs)]
+             snaps[k + 1] if n > 1 else final, {}) for k, log in enumerate(logs)]
+
+
+async def third_party(run: Run, wl: Workload, sims: list[str], url: str,
+                      log_dir: Path) -> list[Step]:
+    """inference-perf sending the load generator's requests (the chat template's rendering of
+    each session's one turn); its client figures stand in for the log's."""
+    from .harness.thirdparty import run_inference_perf
+
+    prompts = [(render_chat(messages_for(s, 0, [])), s.turns[0].max_tokens) for s in wl.sessions]
+    before = await engines.snapshot(sims)
+    client = await run_inference_perf(url, MODEL, prompts, run.rates[0],
+                                      log_dir / f"inference-perf-{run.setup.name}",
+                                      timeout=len(prompts) / run.rates[0] + 300)
+    return [(RunLog(), before, after := await engines.snapshot(sims), after, client)]
 
 
 async def measure(sc: Scenario, fleet: Fleet, sims: list[str], run: Run, *, wl: Workload,
@@ -256,7 +277,9 @@ async def measure(sc: Scenario, fleet: Fleet, sims: list[str], run: Run, *, wl: 
         if sc.sample_s:
             tasks.append(asyncio.create_task(timeline(sc, sims, series)))
         try:
-            steps = await drive(sc, run, wl, sims, started.targets)
+            steps = await (third_party(run, wl, sims, started.targets[0], log_dir)
+                           if run.client == "inference-perf" else
+                           drive(sc, run, wl, sims, started.targets))
             await tasks[0]  # done long before the drain ends; an error in it is the run's
         finally:
             for t in tasks:
@@ -266,8 +289,8 @@ async def measure(sc: Scenario, fleet: Fleet, sims: list[str], run: Run, *, wl: 
         if restarted:
             k = sc.restart[0]  # type: ignore[index]
             steps = [(log, before, figures.carried(after, k, restarted["before"]),
-                      figures.carried(end, k, restarted["before"]))
-                     for log, before, after, end in steps]
+                      figures.carried(end, k, restarted["before"]), client)
+                     for log, before, after, end, client in steps]
         cpu = sum(cpu_seconds(p.process.pid) for p in routers) - cpu0
         r1, calls = await engines.router_figures(urls), await engines.redis_calls(redis_url)
     finally:
@@ -275,8 +298,8 @@ async def measure(sc: Scenario, fleet: Fleet, sims: list[str], run: Run, *, wl: 
             await fleet.stop(p)
     step = llama.step_figures if sc.engine == "llama" else figures.step_figures
     out = []
-    for log, before, after, end in steps:
-        fig = {**step(log, before, after, end), "caches_emptied_before": clean,
+    for log, before, after, end, client in steps:
+        fig = {**step(log, before, after, end), **client, "caches_emptied_before": clean,
                "load_1m": round(load, 2), "measured_at": now_utc()}
         if restarted:
             fig["restart_down_s"] = restarted["down_s"]
@@ -311,7 +334,7 @@ def head(sc: Scenario, run: Run, rate: float, kv: int, ws: int) -> dict[str, Any
     """How a point was run: its identity, setup and every scenario field set (figures follow)."""
     s, default = run.setup, Scenario("", "")
     out = {"scenario": sc.name, "workload": run.workload, "router": s.name, "rate": rate,
-           "seconds": sc.seconds, "replicas": sc.replicas,
+           "client": run.client, "seconds": sc.seconds, "replicas": sc.replicas,
            "router_replicas": s.replicas, "store": s.store, "settings": dict(s.settings),
            "router_env": dict(s.env), "kv_capacity_tokens": kv, "working_set_tokens": ws,
            "router_version": PACKAGES[ANCHORS[s.router].package].spec
@@ -365,8 +388,8 @@ async def run_scenario(sc: Scenario, command: str, write: bool = True) -> list[d
                               if sc.engine == "llama" else start_sims(fleet, sc, kv))
             elapsed = time.monotonic() - t_start
             left = (planned - done) * (elapsed / done if done else 1.0)
-            print(f"[{i}/{len(runs)}] {sc.name}: {run.workload or 'the simulator'} via "
-                  f"{run.setup.name} at "
+            via = run.setup.name + ("" if run.client == "loadgen" else f" ({run.client})")
+            print(f"[{i}/{len(runs)}] {sc.name}: {run.workload or 'the simulator'} via {via} at "
                   f"{', '.join(f'{r:g}' for r in run.rates)} req/s, round {run.round}/"
                   f"{sc.repeats}; {_duration(elapsed)} elapsed, about {_duration(left)} left",
                   flush=True)
@@ -379,13 +402,13 @@ async def run_scenario(sc: Scenario, command: str, write: bool = True) -> list[d
             finally:
                 done += len(run.rates) * sc.seconds + 10
             for rate, fig in zip(run.rates, figs, strict=True):
-                key = (run.workload, run.setup.name, rate)
+                key = (run.workload, run.setup.name, rate, run.client)
                 rounds.setdefault(key, []).append(fig)
                 points[key] = point_row(head(sc, run, rate, kv, ws), rounds[key], provenance)
                 print(f"  {rate:g} req/s: " + ", ".join(f"{k} {fig[k]}" for k in SHOWN if k in fig),
                       flush=True)
                 if write:
-                    path = point_path(sc, run.workload, run.setup.name, rate)
+                    path = point_path(sc, run.workload, run.setup.name, rate, run.client)
                     path.parent.mkdir(parents=True, exist_ok=True)
                     path.write_text(json.dumps(points[key], indent=2) + "\n")
     finally:

@@ -97,7 +97,7 @@ class Rule:
     text: str  # may name {workload}, {rate}, {router}, {scenario}
     key: str
     where: Mapping[str, Any]
-    op: str = "<="  # "<=", ">=", "<", ">", "best"
+    op: str = "<="  # "<=", ">=", "<", ">", "within" (|x - 1| <= bound), "best"
     bound: float | None = None
     vs: Mapping[str, Any] | None = None
     over: str | None = None
@@ -130,6 +130,9 @@ class Scenario:
     engine_config: Mapping[str, Any] = field(default_factory=dict)
     seed: int = 7
     session_header: bool = False  # X-Session-ID on every request (vllm consistent_hash)
+    api: str = "chat"  # or "completions"
+    clients: tuple[str, ...] = ("loadgen",)  # or "inference-perf": the same requests
+    requests: int | None = None  # a fixed count of sessions instead of rate x seconds
     tag: str = ""  # tells runs of the same points apart
     sample_s: float = 0.0  # a timeline: the engines' counters every sample_s
     first_replicas: int | None = None  # routers find the rest at join_at (file discovery)
@@ -304,6 +307,20 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
         sample_s=5.0, first_replicas=4, join_at=1 / 3, plot="timeline", report="scale-out.md",
         columns=("router", "seconds_to_40pct", "after_join_hit_rate", "after_join_new_share",
                  "after_join_ttft_p50_ms", "errors")),
+    Scenario(
+        "client-check", "the same requests from our load generator and from inference-perf",
+        "Two clients, one request sequence (issue 5)", "Both clients send the same requests in "
+        "the same order (streaming completions of the chat template's rendering) at the same "
+        "Poisson rate through the same router to 8 emptied simulators. `path_p50_ms`: client "
+        "TTFT p50 - engine TTFT p50 (client, router and network)", "client-check",
+        setups=("prefix", "round-robin"), rates=(8.0,), requests=240, api="completions",
+        clients=("loadgen", "inference-perf"), drain_s=300.0, columns=(
+            "router", "client", "requests_ok", "engine_hit_rate", "ttft_p50_ms", "ttft_p90_ms",
+            "ttft_p99_ms", "engine_ttft_p50_ms", "engine_ttft_p90_ms", "engine_ttft_p99_ms",
+            "path_p50_ms"),
+        rules=(Rule("{router}: inference-perf's TTFT p50 within 5% of our load generator's",
+                    "ttft_p50_ms", {"client": "inference-perf"}, "within", 0.05,
+                    {"client": "loadgen"}),)),
     Scenario(
         "real-engine", "3 llama-servers with bounded prompt caches: prefix, round-robin, sglang",
         "A real engine: 3 llama-servers with bounded prompt caches (issue 22)", LLAMA_FLEET,

@@ -97,6 +97,18 @@ def test_shared_store_judges_each_workload_against_its_own_single_router() -> No
     assert imb == [True, False]
 
 
+def test_two_clients_agree_within_five_percent() -> None:
+    [rule] = SCENARIOS["client-check"].rules
+    def row(client: str, p50: float) -> dict[str, Any]:
+        return {"scenario": "client-check", "workload": "system-prompts", "rate": 8.0,
+                "router": "prefix", "client": client, "ttft_p50_ms": p50}
+
+    assert [m for _, _, m in judge(rule, [row("loadgen", 100.0), row("inference-perf", 104)])] \
+        == [True]
+    assert [m for _, _, m in judge(rule, [row("loadgen", 100.0), row("inference-perf", 94)])] \
+        == [False]
+
+
 def test_the_demo_says_what_the_table_means() -> None:
     rows = [{"router": "prefix", "ttft_p50_ms": 43.6, "engine_hit_rate": 0.835,
              "oracle_hit_rate": 0.840}, {"router": "round-robin", "ttft_p50_ms": 191.9}]

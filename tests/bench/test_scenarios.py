@@ -54,13 +54,13 @@ def test_every_setup_is_sent_the_same_requests() -> None:
 
 def test_point_files_keep_the_names_of_the_committed_results() -> None:
     r = SCENARIOS
-    assert str(point_path(r["routing"], "unique", "prefix", 24.0)).endswith(
+    assert str(point_path(r["routing"], "unique", "prefix", 24.0, "loadgen")).endswith(
         "results/routing/unique-prefix.json")
-    assert str(point_path(r["sweep"], "system-prompts", "prefix", 12.0)).endswith(
+    assert str(point_path(r["sweep"], "system-prompts", "prefix", 12.0, "loadgen")).endswith(
         "results/sweep-12/system-prompts-prefix.json")
-    assert str(point_path(r["compare"], "unique", "chwbl", 8.0)).endswith(
+    assert str(point_path(r["compare"], "unique", "chwbl", 8.0, "loadgen")).endswith(
         "results/compare/full/unique-chwbl-8.json")
-    assert str(point_path(r["overhead"], "", "prefix-redis", 500.0)).endswith(
+    assert str(point_path(r["overhead"], "", "prefix-redis", 500.0, "loadgen")).endswith(
         "results/overhead/prefix-redis.json")
 
 
@@ -74,8 +74,9 @@ def test_no_two_scenarios_write_the_same_point_file() -> None:
             for one in sc.setups:
                 name = one if isinstance(one, str) else one.name
                 for rate in sc.rates_of(w):
-                    path = str(point_path(sc, w, name, rate))
-                    assert written.setdefault(path, sc.name) == sc.name, path
+                    for client in sc.clients:
+                        path = str(point_path(sc, w, name, rate, client))
+                        assert written.setdefault(path, sc.name) == sc.name, path
 
 
 def test_the_command_line_overrides_the_declaration() -> None:
