@@ -106,8 +106,8 @@ async def test_anchor_routes_ten_requests_over_two_sims(name: str, tmp_path: Pat
 
 def test_local_tokenizer_counts_like_the_simulator(tmp_path: Path) -> None:
     pkg = PACKAGES["inference-perf"]
-    if anchors.stamp(pkg) is None:
-        pytest.skip(f"inference-perf is not installed in {anchors.venv_dir(pkg)}")
+    if why := missing(pkg):
+        pytest.skip(why)
     from bench.harness.thirdparty import build_tokenizer
     from engine_sim.tokenizer import count_tokens
 
@@ -117,7 +117,7 @@ def test_local_tokenizer_counts_like_the_simulator(tmp_path: Path) -> None:
               "t = AutoTokenizer.from_pretrained(sys.argv[1]); "
               "print(len(t(sys.argv[2], add_special_tokens=False).input_ids))")
     n = subprocess.run(
-        [str(anchors.venv_python(pkg)), "-c", script, str(out), text], capture_output=True,
+        [str(pkg.python), "-c", script, str(out), text], capture_output=True,
         text=True, check=True,
         env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
     ).stdout.split()[-1]
