@@ -12,8 +12,8 @@ from pathlib import Path
 
 from .fleet import Fleet, Proc, free_port
 
-CACHE = Path(os.environ.get("PREFIX_ROUTER_CACHE", "~/.cache/prefix-router")).expanduser()
-ANCHORS_DIR = CACHE / "anchors"
+ANCHORS_DIR = Path(os.environ.get("PREFIX_ROUTER_CACHE", "~/.cache/prefix-router"),
+                   "anchors").expanduser()
 
 
 @dataclass(frozen=True)

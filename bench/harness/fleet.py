@@ -69,14 +69,12 @@ class Fleet:
 
     async def restart(self, p: Proc) -> Proc:
         """`p` killed (as a crashed pod) and started again with the same arguments and ports,
-        its cache empty; the new Proc takes `p`'s place in `procs`, its log goes on."""
+        its cache empty: `p` holds the new process, its log goes on."""
         await self.stop(p, "kill")
-        new = await self.spawn(p.name, p.url, p.args, p.env, log_mode="ab")
-        new.events = p.events
-        self.procs.remove(new)
-        self.procs[self.procs.index(p)] = new
-        await wait_healthy(new, "/health", 60.0)
-        return new
+        await self.spawn(p.name, p.url, p.args, p.env, log_mode="ab")
+        p.process = self.procs.pop().process  # the spawned Proc's, in p's place
+        await wait_healthy(p, "/health", 60.0)
+        return p
 
     async def start(self, name: str, args: list[str], port: int, health: str, *,
                     env: dict[str, str] | None = None, timeout: float = 30.0,
@@ -115,8 +113,7 @@ class Fleet:
         return await self.start(name, args, port, "/readyz", env=env)
 
     async def start_redis(self, name: str = "redis", port: int | None = None) -> str:
-        """A throw-away redis-server (no persistence) on `port` or a free one, in `procs` as
-        `name`; returns its URL."""
+        """A throw-away redis-server (no persistence) in `procs` as `name`; returns its URL."""
         if (exe := shutil.which("redis-server")) is None:
             raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
         port = port or free_port()

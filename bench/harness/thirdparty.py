@@ -6,6 +6,7 @@ run asks for exactly rate x duration = the file's requests. Its tokenizer is bui
 as the simulator does (a token per 4 bytes): no hub is ever asked."""
 
 import asyncio
+import itertools
 import json
 import os
 import subprocess
@@ -13,42 +14,31 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from .anchors import CACHE, PACKAGES, missing
+from .anchors import PACKAGES, missing
 from .stats import ms
 
 CLIENT = PACKAGES["inference-perf"]
-TOKENIZER_DIR = CACHE / "tokenizers" / "sim-4byte"
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                "HF_HUB_DISABLE_TELEMETRY": "1", "DO_NOT_TRACK": "1"}
 
-# Run by the client venv's python (it has `tokenizers`), argv[1] the output directory. Its words
-# are every 4-character string over " abcdefgh", and <unk>: such text decodes and re-tokenizes
-# exactly; any other 4 bytes (the simulator's answers, our prompts) are one <unk>, still a token.
-_BUILD = r"""
-import itertools, json, sys
-from pathlib import Path
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-out = Path(sys.argv[1])
-out.mkdir(parents=True, exist_ok=True)
-words = ("".join(t) for t in itertools.product(" abcdefgh", repeat=4))
-tok = Tokenizer(models.WordLevel({"<unk>": 0, **{w: i for i, w in enumerate(words, 1)}},
-                                 unk_token="<unk>"))
-tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]{1,4}"), behavior="isolated")
-tok.decoder = decoders.Fuse()
-tok.add_special_tokens(["<unk>"])
-tok.save(str(out / "tokenizer.json"))
-(out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
-    "unk_token": "<unk>", "model_max_length": 131072, "clean_up_tokenization_spaces": False}))
-assert len(tok.encode("abcd efgh" + "zzzz" + "x").ids) == 4
-"""
 
-
-def build_tokenizer(out: Path = TOKENIZER_DIR) -> Path:
-    """The local tokenizer's directory, built once with the client venv's `tokenizers`."""
-    if not (out / "tokenizer_config.json").exists():  # written last
-        subprocess.run([str(CLIENT.python), "-c", _BUILD, str(out)], check=True,
-                       env={**os.environ, **OFFLINE_ENV})
+def build_tokenizer(out: Path) -> Path:
+    """The client's tokenizer, in `out`: its words are every 4-character string over
+    " abcdefgh", and <unk>. Such text decodes and re-tokenizes exactly; any other 4 bytes (the
+    simulator's answers, our prompts) are one <unk>, so counts equal the simulator's."""
+    words = ("".join(t) for t in itertools.product(" abcdefgh", repeat=4))
+    tok = Tokenizer(models.WordLevel({"<unk>": 0, **{w: i for i, w in enumerate(words, 1)}},
+                                     unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]{1,4}"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(["<unk>"])
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>",
+        "model_max_length": 131072, "clean_up_tokenization_spaces": False}))
     return out
 
 
@@ -94,47 +84,39 @@ def parse_summary(summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def prepare(base_url: str, model: str, prompts: list[tuple[str, int]], rate: float,
-            out_dir: Path) -> Path:
-    """The run's folder (absolute: the client runs there) with the requests and the config."""
-    seconds = round(len(prompts) / rate)
-    if seconds < 1 or abs(seconds * rate - len(prompts)) > 1e-9:
-        raise ValueError(f"{len(prompts)} requests at {rate:g} req/s is not a whole second count")
-    out_dir = out_dir.absolute()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # JSON Lines (as its loader, `datasets`' json builder, reads them), named .json as it must be
-    data = out_dir / "requests.json"
-    data.write_text("".join(json.dumps(r) + "\n" for r in sharegpt_records(prompts)))
-    (out_dir / "config.yml").write_text(yaml.safe_dump(config(
-        base_url, model, data, rate, seconds, build_tokenizer(), out_dir / "reports")))
-    return out_dir
-
-
-def read_result(rc: int, out_dir: Path) -> dict[str, Any]:
-    summary = out_dir / "reports" / "summary_lifecycle_metrics.json"
-    if rc != 0 or not summary.exists():
-        tail = (out_dir / "inference-perf.log").read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"inference-perf exited {rc}; {out_dir}/inference-perf.log:\n{tail}")
-    return {**parse_summary(json.loads(summary.read_text())), "client_version": CLIENT.version}
-
-
 async def run_inference_perf(base_url: str, model: str, prompts: list[tuple[str, int]],
                              rate: float, out_dir: Path, timeout: float) -> dict[str, Any]:
     """inference-perf sending exactly `prompts` ((prompt, max_tokens), in order) as streaming
     completions at Poisson `rate`; its parsed summary (raises on failure)."""
+    return await asyncio.to_thread(_run, base_url, model, prompts, rate, out_dir, timeout)
+
+
+def _run(base_url: str, model: str, prompts: list[tuple[str, int]], rate: float, out_dir: Path,
+         timeout: float) -> dict[str, Any]:
     if why := missing(CLIENT):
         raise RuntimeError(why)
-    out_dir = prepare(base_url, model, prompts, rate, out_dir)
-    with open(out_dir / "inference-perf.log", "wb") as log:  # noqa: ASYNC230 (the child's)
-        proc = await asyncio.create_subprocess_exec(
-            str(CLIENT.venv / "bin" / "inference-perf"), "--config_file", "config.yml",
-            stdout=log, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
-            cwd=str(out_dir), start_new_session=True,
-            env={**os.environ, **OFFLINE_ENV, "HF_HOME": str(out_dir / "hf-home")})
-    try:
-        rc = await asyncio.wait_for(proc.wait(), timeout)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise RuntimeError(f"inference-perf did not finish in {timeout}s") from None
-    return read_result(rc, out_dir)
+    seconds = round(len(prompts) / rate)
+    if seconds < 1 or abs(seconds * rate - len(prompts)) > 1e-9:
+        raise ValueError(f"{len(prompts)} requests at {rate:g} req/s is not a whole second count")
+    out_dir = out_dir.absolute()  # the client runs there
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # JSON Lines (as its loader, `datasets`' json builder, reads them), named .json as it must be
+    data, cfg, log = (out_dir / f for f in ("requests.json", "config.yml", "inference-perf.log"))
+    data.write_text("".join(json.dumps(r) + "\n" for r in sharegpt_records(prompts)))
+    tokenizer = build_tokenizer(out_dir / "tokenizer")
+    cfg.write_text(yaml.safe_dump(config(base_url, model, data, rate, seconds, tokenizer,
+                                         out_dir / "reports")))
+    with log.open("wb") as out:
+        try:
+            rc = subprocess.run(
+                [str(CLIENT.venv / "bin" / "inference-perf"), "--config_file", str(cfg)],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=out_dir,
+                start_new_session=True, timeout=timeout,
+                env={**os.environ, **OFFLINE_ENV, "HF_HOME": str(out_dir / "hf-home")}).returncode
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"inference-perf did not finish in {timeout}s") from None
+    summary = out_dir / "reports" / "summary_lifecycle_metrics.json"
+    if rc != 0 or not summary.exists():
+        tail = log.read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"inference-perf exited {rc}; {log}:\n{tail}")
+    return {**parse_summary(json.loads(summary.read_text())), "client_version": CLIENT.version}
