@@ -62,8 +62,9 @@ def find_python(pkg: Package) -> str:
         exe = shutil.which(f"python{minimum[0]}.{minor}")
         if exe and subprocess.run([exe, "-c", check], capture_output=True).returncode == 0:
             return exe
-    raise SystemExit(f"{pkg.spec} needs Python >= {minimum[0]}.{minimum[1]}: none on PATH "
-                     f"(python{minimum[0]}.{minimum[1]} or newer; pyenv's shims count)")
+    raise SystemExit(f"{pkg.spec} needs Python >= {minimum[0]}.{minimum[1]}: no python"
+                     f"{minimum[0]}.{minimum[1]} or newer runs from PATH (with pyenv: set "
+                     "PYENV_VERSION to one, e.g. `PYENV_VERSION=3.13.0 python -m bench install`)")
 
 
 def install(name: str) -> Path:
