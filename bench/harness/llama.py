@@ -43,9 +43,9 @@ def kv_bytes_per_token() -> int:
 
 def prompts_held(slots: int, cache_ram_mib: int, entry_tokens: int,
                  kv_bytes_per_token: int) -> tuple[int, int]:
-    """(K host-cache entries, C whole prompts one server holds) for prompts that take
-    `entry_tokens` (prompt and answer) each: K = floor(cache_ram / entry size), and a server
-    behaves as an LRU of C = slots + K - 1 prompts (docs/real-engine.md, checked there)."""
+    """(K host-cache entries, C whole prompts) one server holds of prompts of `entry_tokens`
+    (prompt and answer) each: K = floor(cache_ram / entry size), C = slots + K - 1 (it behaves
+    as an LRU of C prompts: docs/real-engine.md, checked there)."""
     k = cache_ram_mib * 2**20 // (entry_tokens * kv_bytes_per_token)
     return k, max(1, slots + k - 1)
 
@@ -87,14 +87,11 @@ async def start_engines(fleet: Fleet, n: int, settings: Mapping[str, Any],
     binary = await asyncio.to_thread(_hack("llama_fleet").ensure_binary)
     model = await asyncio.to_thread(_hack("make_gguf").ensure_model)
     config = _hack("llama_fleet").ServerConfig(**settings)
-
-    async def one(k: int) -> str:
-        port = free_port()
-        p = await fleet.start(f"llama{k}", config.args(binary, model, port), port, "/health",
-                              timeout=timeout)
-        return p.url
-
-    return list(await asyncio.gather(*(one(k) for k in range(n))))
+    ports = [free_port() for _ in range(n)]
+    servers = await asyncio.gather(*(
+        fleet.start(f"llama{k}", config.args(binary, model, port), port, "/health",
+                    timeout=timeout) for k, port in enumerate(ports)))
+    return [p.url for p in servers]
 
 
 def describe(settings: Mapping[str, Any]) -> dict[str, Any]:
