@@ -150,6 +150,8 @@ async def start_anchor(fleet: Fleet, name: str, workers: list[str]) -> Proc:
         raise RuntimeError(why)
     port = free_port()
     args = anchor.command(PACKAGES[anchor.package].python, workers, port, free_port())
-    # both answer {"status": "ready", "healthy_workers": k, "total_workers": m}
-    return await fleet.start(name, args, port, "/readiness", timeout=60.0, ready=lambda body:
-                             json.loads(body).get("healthy_workers", 0) >= len(workers))
+
+    def all_healthy(body: str) -> bool:  # both: {"status": "ready", "healthy_workers": k, ...}
+        return json.loads(body).get("healthy_workers", 0) >= len(workers)
+
+    return await fleet.start(name, args, port, "/readiness", timeout=60.0, ready=all_healthy)
