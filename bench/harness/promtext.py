@@ -1,7 +1,5 @@
 """Reading a /metrics page (the harness's and the tests'), with prometheus_client's own parser."""
 
-from __future__ import annotations
-
 from prometheus_client.parser import text_string_to_metric_families
 
 

@@ -105,20 +105,64 @@ async def test_anchor_routes_ten_requests_over_two_sims(name: str, tmp_path: Pat
 
 
 def test_local_tokenizer_counts_like_the_simulator(tmp_path: Path) -> None:
-    pkg = PACKAGES["inference-perf"]
-    if anchors.stamp(pkg) is None:
-        pytest.skip(f"inference-perf is not installed in {anchors.venv_dir(pkg)}")
+    from tokenizers import Tokenizer
+
     from bench.harness.thirdparty import build_tokenizer
     from engine_sim.tokenizer import count_tokens
 
+    out = build_tokenizer(tmp_path / "tok")
+    text = "abcd efgh" + " sel lis zon" + "\n[system prompt 3] x"
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    assert len(tok.encode(text, add_special_tokens=False).ids) == count_tokens(text.encode())
+    assert tok.decode(tok.encode("abcd" * 3).ids) == "abcd" * 3  # an answer as it was asked
+
+
+def test_the_client_reads_the_local_tokenizer_as_built(tmp_path: Path) -> None:
+    from bench.harness.thirdparty import build_tokenizer
+    from engine_sim.tokenizer import count_tokens
+
+    pkg = PACKAGES["inference-perf"]
+    if why := missing(pkg):
+        pytest.skip(why)
     out = build_tokenizer(tmp_path / "tok")
     text = "abcd efgh" + " sel lis zon" + "\n[system prompt 3] x"
     script = ("import sys; from transformers import AutoTokenizer; "
               "t = AutoTokenizer.from_pretrained(sys.argv[1]); "
               "print(len(t(sys.argv[2], add_special_tokens=False).input_ids))")
     n = subprocess.run(
-        [str(anchors.venv_python(pkg)), "-c", script, str(out), text], capture_output=True,
+        [str(pkg.python), "-c", script, str(out), text], capture_output=True,
         text=True, check=True,
         env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
     ).stdout.split()[-1]
     assert int(n) == count_tokens(text.encode())
+
+
+FAKE_CLIENT = """#!/bin/sh
+# inference-perf's part: the config given, a summary written in its folder (its cwd)
+test "$1" = --config_file && grep -q "type: shareGPT" "$2" || exit 3
+mkdir -p reports
+echo '{"successes": {"count": '$(wc -l < requests.json)', "latency": {"time_to_first_token":
+  {"median": 0.012}}}, "failures": {"count": 0}}' > reports/summary_lifecycle_metrics.json
+"""
+
+
+async def test_the_client_runs_on_our_requests_and_a_failure_says_where_to_look(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench.harness.thirdparty import run_inference_perf
+
+    monkeypatch.setattr(anchors, "ANCHORS_DIR", tmp_path / "anchors")
+    bin_dir = PACKAGES["inference-perf"].venv / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python").touch()
+    (bin_dir.parent / "installed.json").write_text("{}")
+    (bin_dir / "inference-perf").write_text(FAKE_CLIENT)
+    (bin_dir / "inference-perf").chmod(0o755)
+    prompts = [("hello", 3), ("world", 1)]
+    r = await run_inference_perf("http://r", "m", prompts, 2.0, tmp_path / "run", timeout=30)
+    assert (r["requests_ok"], r["ttft_p50_ms"], r["client_version"]) == (3, 12.0, "0.7.0")
+    assert (tmp_path / "run" / "tokenizer" / "tokenizer.json").exists()
+    with pytest.raises(ValueError):  # 2 requests at 3 req/s: no whole second
+        await run_inference_perf("http://r", "m", prompts, 3.0, tmp_path / "run", timeout=30)
+    (bin_dir / "inference-perf").write_text("#!/bin/sh\necho no server >&2\nexit 2\n")
+    with pytest.raises(RuntimeError, match=r"exited 2;.*inference-perf\.log:\nno server"):
+        await run_inference_perf("http://r", "m", prompts, 2.0, tmp_path / "run2", timeout=30)

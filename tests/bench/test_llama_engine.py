@@ -24,18 +24,18 @@ llamacpp:requests_deferred 2
 
 
 def test_a_servers_metrics_read_as_the_simulators_stats() -> None:
-    s = llama.stats_of(llama.parse_metrics(METRICS))
+    s = llama.stats_of(METRICS)
     # prompt tokens served are the computed ones and the cached ones, as a simulator counts
     assert s["prompt_tokens"] == 1374 + 1358 and s["cached_tokens"] == 1358
     assert (s["generation_tokens"], s["running"], s["waiting"]) == (64, 1, 2)
-    assert llama.stats_of({})["prompt_tokens"] == 0
+    assert llama.stats_of("")["prompt_tokens"] == 0
 
 
 def test_step_figures_count_each_servers_share_in_prompt_tokens() -> None:
     def snap(t: float, *servers: tuple[int, int]) -> dict:
-        return {"t": t, "stats": [llama.stats_of({"computed_tokens": c, "cached_tokens": h,
-                                                  "generation_tokens": 10 * (c + h)})
-                                  for c, h in servers]}
+        return {"t": t, "stats": [llama.stats_of(
+            f"llamacpp:prompt_tokens_total {c}\nllamacpp:prompt_tokens_cached_total {h}\n"
+            f"llamacpp:tokens_predicted_total {10 * (c + h)}") for c, h in servers]}
 
     before = snap(0.0, (0, 0), (0, 0), (0, 0))
     after = snap(10.0, (100, 300), (400, 0), (0, 0))
