@@ -1,7 +1,7 @@
 """`python -m bench abuse`: hostile clients, slow clients and sick engines against one router
-(local store, then Redis), and what it cost the router; writes bench/results/abuse/.
+(local store, then Redis); the bars and README in bench/results/abuse/ from the rounds' JSON.
 cases.py: the requests, as data; client.py: sends them, judges the answers; tap.py: what
-reaches the engines, hangs one; run.py: one round; report.py: the bars and the README."""
+reaches the engines, hangs one; run.py: one round and its figures."""
 
 from __future__ import annotations
 
@@ -11,10 +11,122 @@ import json
 import socket
 import sys
 import tempfile
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.report import md_table
+
 OUT = Path("bench/results/abuse")
+RSS_BUDGET_MB = 512.0  # the router's memory limit the CRD sets by default
+HEALTHZ_P99_MS = 100.0  # issue 23: /healthz within 100 ms while large bodies come
+Round = Mapping[str, Any]
+
+
+def counts(c: Mapping[str, int]) -> str:
+    """`400 x12, closed x3`: the most frequent first."""
+    return ", ".join(f"{k} x{v}" for k, v in sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def by_class(r: Round) -> dict[str, dict[str, Any]]:
+    """The attack's outcomes by class: tried, statuses, cases off (a status not allowed), 5xx,
+    problems and notes."""
+    out: dict[str, dict[str, Any]] = {}
+    for o in r["outcomes"]:
+        g = out.setdefault(o["cls"], {"tried": 0, "statuses": Counter(), "off": Counter(),
+                                      "5xx": 0, "problems": Counter(), "notes": Counter()})
+        g["tried"] += 1
+        g["statuses"][o["status"]] += 1
+        g["off"].update([f"{o['case']}: {o['status']}"] * (not o["met"]))
+        g["5xx"] += o["status"].startswith("5")
+        g["problems"].update(o["problems"])
+        g["notes"].update(o["notes"])
+    return out
+
+
+def bars(r: Round) -> list[tuple[str, str, bool, bool]]:
+    """(bar, measured, met, must): the must bars are what the command exists to show."""
+    classes, load, f = by_class(r).values(), r["load"].values(), r["faults"]
+    five, tried = sum(c["5xx"] for c in classes), sum(c["tried"] for c in classes)
+    problems, off = (sum((c[k] for c in classes), Counter()) for k in ("problems", "off"))
+    rt, log, hz, lost = r["router"], r["log"], r["healthz"], r["redis_lost"]
+    failed, load5 = sum(p["failed"] for p in load), sum(p["five_xx"] for p in load)
+    peak, index = rt["after"]["peak_rss_mb"], r["index"]
+    want = ["engine hung", "engine killed", *(["redis killed"] if lost is not None else [])]
+    out = [
+        ("no 5xx answered to the attack", f"{five} of {tried}", five == 0, True),
+        ("no 5xx to the faults' load but from a hung engine (504 by design)", str(load5),
+         load5 == 0, True),
+        ("no traceback in the router's log", str(log["tracebacks"]), log["tracebacks"] == 0, True),
+        (f"router peak RSS within {RSS_BUDGET_MB:g} MB (the CRD's memory limit)",
+         f"{peak} MB (before {rt['before']['rss_mb']}, after {rt['after']['rss_mb']})",
+         peak <= RSS_BUDGET_MB, True),
+        (f"/healthz p99 within {HEALTHZ_P99_MS:g} ms under the attack, none failed",
+         f"p50 {hz['p50_ms']}, p99 {hz['p99_ms']}, max {hz['max_ms']} ms; {hz['failures']} "
+         "failed", (hz["p99_ms"] or 1e9) <= HEALTHZ_P99_MS and hz["failures"] == 0, False),
+        ("no ERROR line in the router's log, no prompt bytes (the marker in every prompt)",
+         f"{log['error_lines']} ERROR lines, the marker {log['prompt_marker']} times",
+         log["error_lines"] == log["prompt_marker"] == 0, False),
+        ("every answer keeps the contract (no routing header, engine address, server version, "
+         "second answer; slow clients closed in time; at the engine as it should be)",
+         counts(problems) or "0", not problems, False),
+        ("every case answered as it should", counts(off) or "all", not off, False),
+        ("the index within its memory budget", f"{index['entries']:.0f} entries, bound "
+         f"{index['bound']}", index["entries"] <= index["bound"], False),
+        ("faults (engine hung, engine killed, Redis killed): each seen by the router and undone,"
+         " no other request failed", "; ".join(f"{k}: seen in {v['seen_s']} s, undone in "
+                                              f"{v.get('back_s')} s" for k, v in f.items())
+         + f"; {failed} failed", failed == 0 and all("back_s" in f.get(k, {}) for k in want),
+         False),
+        ("the router alive at the end, exits 0 on SIGTERM", f"alive {rt['alive_at_end']}, exit "
+         f"{rt['exit_code']}", rt["alive_at_end"] and rt["exit_code"] == 0, False),
+    ]
+    if lost is not None:
+        out.append(("Redis not lost for the router through the attack (the pool big enough)",
+                    f"lost {lost} times", lost == 0, False))
+    return out + [("the run itself completed", "; ".join(r["errors"]), False, False)] * bool(
+        r["errors"])
+
+
+def render(rounds: Sequence[Round], stamp: Mapping[str, str]) -> str:
+    verdicts = [{bar: (m, ok, must) for bar, m, ok, must in bars(r)} for r in rounds]
+    lines = [
+        "# Abuse: hostile clients and sick engines against one router", "",
+        "Written by `python -m bench abuse` from the JSON beside it (one file per store); what "
+        "the failures are, and why, is in [FINDINGS.md](FINDINGS.md).", "",
+        f"Command: `{stamp['command']}`  ",
+        f"Machine: {stamp['machine']}, host `{stamp['host']}`; code: {stamp['version']}  ",
+        *(f"{r['store']} store: started {r['started']}  " for r in rounds), "",
+        "Each round: 3 engine simulators (profile fast, max_model_len 32768), each behind the "
+        "tap (bench/abuse/tap.py), and one `prefix-router` with its defaults but for:", "",
+        "```yaml", *(f"{k}: {v}" for k, v in rounds[0]["settings"].items() if k != "discovery"),
+        "```", "", "The attack: the cases of bench/abuse/cases.py, class by class, with slow "
+        "clients and 800 silent connections all the while, /healthz asked every 50 ms; then "
+        "the faults under ordinary load (8 req/s, half streamed). `closed`: the router ended "
+        "the connection unanswered; `left`: the client left on purpose.", "", "## Bars", "",
+        *md_table(["bar", *(r["store"] for r in rounds)], [
+            [("**must** " if any(v[b][2] for v in verdicts if b in v) else "") + b, *(
+                f"{'yes' if v[b][1] else '**no**'}: {v[b][0]}" if b in v else "-"
+                for v in verdicts)] for b in dict.fromkeys(b for v in verdicts for b in v)])]
+    for r in rounds:
+        rt, log = r["router"], r["log"]
+        lines += ["", f"## {r['store']} store", "", *md_table(
+            ["class", "tried", "statuses", "5xx", "cases off", "problems", "notes"],
+            [[k, g["tried"], counts(g["statuses"]), g["5xx"], counts(g["off"]),
+              counts(g["problems"]), counts(g["notes"])] for k, g in by_class(r).items()]), "",
+            *md_table(["faults' load", "sent", "whole", "failed as the fault allows", "failed",
+                       "statuses"], [[k, p["sent"], p["whole"], p["allowed"], p["failed"],
+                                      counts(p["statuses"])] for k, p in r["load"].items()]),
+            "", *md_table(["router", "RSS MB", "open descriptors"], [
+                ["before the attack", rt["before"]["rss_mb"], rt["before"]["fds"]],
+                ["peak (RSS: VmHWM; descriptors: the attack's)", rt["after"]["peak_rss_mb"],
+                 r["healthz"]["most_fds"]], ["after", rt["after"]["rss_mb"], rt["after"]["fds"]]]),
+            "", f"The router's log: {log['lines']} lines, {log['tracebacks']} tracebacks, "
+            f"{log['error_lines']} ERROR lines; the prompt marker {log['prompt_marker']} times, "
+            f"the header/path marker {log['tag_marker']} times.",
+            *(f"    {e}" for e in log["first_errors"])]
+    return "\n".join(lines) + "\n"
 
 
 def register(sub: Any) -> None:
@@ -29,24 +141,21 @@ def register(sub: Any) -> None:
 def main(args: argparse.Namespace, command: str) -> None:
     from bench.provenance import stamp
 
-    from .report import bars, render
-
     out = Path(args.out)
     if args.report:
         rounds = [json.loads((out / f"{s}.json").read_text()) for s in ("local", "redis")
                   if (out / f"{s}.json").exists()]
         meta = json.loads((out / "stamp.json").read_text())
     else:
-        from .run import run_all
+        from .run import run_round
 
         logs = Path(args.logs or tempfile.mkdtemp(prefix="abuse-"))
-        print(f"abuse: logs in {logs}", flush=True)
-        rounds = asyncio.run(run_all(args.stores, logs))
+        print(f"abuse: logs in {logs}; stores {', '.join(args.stores)}", flush=True)
+        rounds = [asyncio.run(run_round(store, logs)) for store in args.stores]
         meta = {**stamp(command), "host": socket.gethostname()}
         out.mkdir(parents=True, exist_ok=True)
-        for r in rounds:
-            (out / f"{r['store']}.json").write_text(json.dumps(r, indent=1) + "\n")
-        (out / "stamp.json").write_text(json.dumps(meta, indent=1) + "\n")
+        for name, data in [*((r["store"], r) for r in rounds), ("stamp", meta)]:
+            (out / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
     (out / "README.md").write_text(render(rounds, meta))
     verdicts = [(r["store"], *bar) for r in rounds for bar in bars(r)]
     for store, bar, measured, ok, must in verdicts:

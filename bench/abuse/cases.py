@@ -35,8 +35,7 @@ class Case:
     rst: bool = False  # leave with a TCP reset
     probe: int | None = None  # a header probe: the tap records what reached the engine
     want: tuple[tuple[str, Any], ...] = ()  # what the engine must have got (check_probe)
-    close_within: float | None = None  # seconds from the first byte sent
-    answer_within: float | None = None
+    close_within: float | None = None  # the router closes it by then (s from the first byte)
 
 
 def request(method: str, path: str, headers: Headers = (), body: bytes = b"",
@@ -69,9 +68,18 @@ def rows(cls: str, table: list[tuple[str, bytes, str]]) -> list[Case]:
     return [Case(cls, name, (data,), tuple(expect.split())) for name, data, expect in table]
 
 
-def sizes(ctx: Ctx) -> list[Case]:
-    """Bodies up to and over the limit, and prompts over the engine's max_model_len."""
+def chunked(body: bytes, size: int = 65536) -> bytes:
+    """`body` in the chunked transfer coding, ended."""
+    pieces = (body[i : i + size] for i in range(0, len(body), size))
+    return b"".join(b"%x\r\n" % len(p) + p + CRLF for p in pieces) + b"0\r\n\r\n"
+
+
+def bodies(ctx: Ctx) -> list[Case]:
+    """Bodies up to and over the limit, prompts over the engine's max_model_len, and client
+    mistakes (JSON, types, encodings): each a 4xx in JSON, no traceback logged."""
     lim, gz, short = ctx.max_body, [("Content-Encoding", "gzip")], chat(ctx, text(ctx, "short"))
+    good, p, secret = chat(ctx, text(ctx, "json")), text(ctx, "json"), text(ctx, "enc", 400)
+    ch, secret = [("Transfer-Encoding", "chunked")], secret.encode()
     huge = chat(ctx, text(ctx, "huge", lim - 4096 - len(chat(ctx, ""))))
     bomb = zlib.compressobj(9, zlib.DEFLATED, 31)  # gzip: a thousandth of the zeros it holds
     zeros = b"".join([*(bomb.compress(bytes(MiB)) for _ in range(128 * lim // MiB)), bomb.flush()])
@@ -79,14 +87,11 @@ def sizes(ctx: Ctx) -> list[Case]:
     def padded(n: int) -> bytes:  # the short prompt, blanks up to n bytes
         return short[:-1] + b" " * (n - len(short)) + b"}"
 
-    def completion(prompt: Any) -> bytes:
-        return post(json.dumps({"model": ctx.model, "prompt": prompt, "user": ctx.marker,
-                                "max_tokens": 4}).encode(), path="/v1/completions")
+    def raw(extra: bytes) -> bytes:
+        return post(good[:-1] + extra + b"}")
 
     return rows("body size", [
         ("a prompt 4 KiB under the limit", post(huge), "400"),
-        ("the same with a gateway salt (the body is rewritten)",
-         post(huge, [("x-cache-salt", "tenant-a")]), "400"),
         ("a body exactly at the limit", post(padded(lim)), "200"),
         ("one byte over the limit", post(padded(lim + 1)), "413"),
         ("Content-Length 1 GiB, 64 KiB sent", post(b"{" + bytes(65535), [
@@ -99,32 +104,14 @@ def sizes(ctx: Ctx) -> list[Case]:
         ("a 200 KB prompt (the engine's 32k tokens < it < twice that)",
          post(chat(ctx, text(ctx, "200k", 200_000))), "400"),
         ("max_tokens over the context", post(chat(ctx, text(ctx, "mt"), max_tokens=10**6)), "400"),
-        ("a 4 MB completions prompt", completion(text(ctx, "4m", 4 * MiB)), "400"),
-        ("100,000 token ids", completion(list(range(1, 100_001))), "400"),
-    ])
-
-
-def chunked(body: bytes, size: int = 65536) -> bytes:
-    """`body` in the chunked transfer coding, ended."""
-    pieces = (body[i : i + size] for i in range(0, len(body), size))
-    return b"".join(b"%x\r\n" % len(p) + p + CRLF for p in pieces) + b"0\r\n\r\n"
-
-
-def mistakes(ctx: Ctx) -> list[Case]:
-    """Client mistakes (JSON, types, encodings): each a 4xx in JSON, no traceback logged."""
-    good, p, gz = chat(ctx, text(ctx, "json")), text(ctx, "json"), [("Content-Encoding", "gzip")]
-    secret, ch = text(ctx, "enc-secret", 400).encode(), [("Transfer-Encoding", "chunked")]
-
-    def raw(extra: bytes) -> bytes:
-        return post(good[:-1] + extra + b"}")
-
-    return rows("JSON", [
+        ("100,000 token ids", post(json.dumps({"model": ctx.model, "prompt": [1] * 100_000,
+                                               "user": ctx.marker}).encode(),
+                                   path="/v1/completions"), "400"),
+    ]) + rows("JSON", [
         ("empty body", post(b""), "400"),
         ("truncated", post(good[: len(good) // 2]), "400"),
         ("random bytes", post(bytes(i * 37 % 256 for i in range(4096)) + p.encode()), "400"),
-        ("100,000 [ deep", post(b"[" * 100_000 + p.encode()), "400"),
         ("an integer of 5,000 digits", raw(b', "n": ' + b"7" * 5000), "400"),
-        ("NaN and 1e999999", raw(b', "temperature": NaN, "top_p": 1e999999'), "200 400"),
         ("invalid UTF-8 in a string", raw(b', "user": "\xff\xfe\xc0\xaf"'), "400"),
         ("a lone surrogate in the salt", raw(b', "cache_salt": "\\udfff"'), "400"),
     ]) + rows("wrong types", [(name, post(chat(ctx, p, **extra)), "400") for name, extra in [
@@ -134,8 +121,6 @@ def mistakes(ctx: Ctx) -> list[Case]:
         ("cache_salt 5", {"cache_salt": 5})]]) + rows("encodings", [
         ("gzip that is not gzip", post(secret, gz), "400"),
         ("valid gzip", post(gzip.compress(good), gz), "200"),
-        ("an unknown coding (xz)", post(secret, [("Content-Encoding", "xz")]), "400 415"),
-        ("valid chunked", post(chunked(good, 7), ch, length=False), "200"),
         ("chunk size 'zz'", post(b"zz\r\n" + secret + b"\r\n0\r\n\r\n", ch, length=False), "400"),
         ("Transfer-Encoding and Content-Length (smuggling)", post(
             b"0\r\n\r\nGET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", [("Content-Length", "4"), *ch],
@@ -144,10 +129,26 @@ def mistakes(ctx: Ctx) -> list[Case]:
     ])
 
 
+def check_probe(case: Case, records: dict[int, dict[str, Any]]) -> list[str]:
+    """What is wrong with what reached the engine for a header probe (the tap's records)."""
+    if (rec := records.get(case.probe)) is None:  # type: ignore[arg-type]
+        return ["did not reach an engine"]
+    want, names = dict(case.want), [k.lower() for k, _v in rec["headers"]]
+    xff = [v for k, v in rec["headers"] if k.lower() == "x-forwarded-for"]
+    out = [f"{h} reached the engine" for h in want.get("absent", ()) if h in names]
+    if "xff" in want and want["xff"] != xff:
+        out.append(f"X-Forwarded-For at the engine: {xff}")
+    if "salt" in want and want["salt"] != rec["cache_salt"]:
+        out.append(f"cache_salt at the engine: {rec['cache_salt']!r}")
+    return out
+
+
 def headers(ctx: Ctx) -> list[Case]:
-    """Header tricks; then probes of what reaches the engine: hop-by-hop headers dropped,
-    X-Forwarded-For appended to, the gateway's salt winning (check_probe)."""
+    """Header tricks, the error contract (417, 405, 404 in JSON), requests naming another host;
+    probes of what reaches the engine: hop-by-hop headers dropped, X-Forwarded-For appended
+    to, the gateway's salt winning (check_probe)."""
     body, t, xff = chat(ctx, text(ctx, "hdr")), ctx.tag.encode(), "198.18.0.7"
+    h, other = [("Host", "x"), ("Connection", "close")], "127.0.0.1:9"  # no router may call it
 
     def with_(lines: bytes) -> bytes:
         return post(body).replace(b"Connection", lines + b"Connection", 1)
@@ -166,12 +167,22 @@ def headers(ctx: Ctx) -> list[Case]:
         ("the gateway's salt replaces the body's", [("x-cache-salt", "tenant-a")],
          {"salt": "tenant-a", "body": {"cache_salt": "tenant-b"}}),
     ]
-    return rows("header tricks", [
+    return rows("error contract: Expect, methods, paths", [
+        ("Expect: 100-continue with its body", post(body, [("Expect", "100-continue")]), "200"),
+        ("Expect: 418-teapot", post(body, [("Expect", "418-teapot")]), "417"),
+        ("Expect: 100-continue over the limit", post(b"", [("Expect", "100-continue"), (
+            "Content-Length", str(ctx.max_body + 1))]), "413"),
+        (f"GET {CHAT}", request("GET", CHAT, h), "405"),
+        ("POST /healthz", post(body, path="/healthz"), "405"),
+        ("CONNECT to another port", request("CONNECT", other, [("Host", other)]),
+         "400 404 405 closed"),
+        ("an absolute URI naming another host", post(body, path=f"http://{other}{CHAT}").replace(
+            b"Host: 127.0.0.1", f"Host: {other}".encode()), "200 400 404"),
+        ("an unknown path", request("GET", f"/admin/{ctx.tag}", h), "404"),
+        ("a path of 16 KiB", request("GET", f"/{ctx.tag}{'a' * 16_000}", h), "400 404 414"),
+    ]) + rows("header tricks", [
         ("bare CR in a value", with_(b"X-A: %s\rX-B: 1\r\n" % t), "400"),
-        ("NUL in a value", with_(b"X-A: %s\0x\r\n" % t), "400"),
         ("a 64 KiB header", with_(b"X-Big: " + t + b"a" * 65536 + b"\r\n"), "400 431"),
-        ("500 headers", with_(b"".join(b"X-H%d: %s\r\n" % (i, t) for i in range(500))),
-         "200 400 431"),
         ("HTTP/2 preface", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes(24), "400 closed"),
         ("a garbage request line", t + b" \x01\x02\r\n\r\n", "400 closed"),
         ("x-cache-salt with CR LF inside", with_(b"x-cache-salt: a\r\nX-I: %s\r\n" % t), "200"),
@@ -180,46 +191,13 @@ def headers(ctx: Ctx) -> list[Case]:
         probe=i, want=tuple(w.items())) for i, (name, hs, w) in enumerate(probes)]
 
 
-def check_probe(case: Case, rec: dict[str, Any] | None) -> list[str]:
-    """What is wrong with what reached the engine (the tap's record) for a header probe."""
-    if rec is None:
-        return ["did not reach an engine"]
-    want, names = dict(case.want), [k.lower() for k, _v in rec["headers"]]
-    xff = [v for k, v in rec["headers"] if k.lower() == "x-forwarded-for"]
-    out = [f"{h} reached the engine" for h in want.get("absent", ()) if h in names]
-    if "xff" in want and want["xff"] != xff:
-        out.append(f"X-Forwarded-For at the engine: {xff}")
-    if "salt" in want and want["salt"] != rec["cache_salt"]:
-        out.append(f"cache_salt at the engine: {rec['cache_salt']!r}")
-    return out
-
-
-def paths(ctx: Ctx) -> list[Case]:
-    """The error contract (417, 405, 404 in JSON) and requests naming another host."""
-    body, t, h = chat(ctx, text(ctx, "paths")), ctx.tag, [("Host", "x"), ("Connection", "close")]
-    other = "127.0.0.1:9"  # another host's address: the router must not connect to it
-    return rows("Expect", [
-        ("100-continue with its body", post(body, [("Expect", "100-continue")]), "200"),
-        ("418-teapot", post(body, [("Expect", "418-teapot")]), "417"),
-        ("100-continue over the limit", post(b"", [("Expect", "100-continue"), (
-            "Content-Length", str(ctx.max_body + 1))]), "413"),
-    ]) + rows("methods and paths", [
-        (f"GET {CHAT}", request("GET", CHAT, h), "405"),
-        ("POST /healthz", post(body, path="/healthz"), "405"),
-        ("CONNECT to another port", request("CONNECT", other, [("Host", other)]),
-         "400 404 405 closed"),
-        ("an absolute URI naming another host", post(body, path=f"http://{other}{CHAT}").replace(
-            b"Host: 127.0.0.1", f"Host: {other}".encode()), "200 400 404"),
-        ("an unknown path", request("GET", f"/admin/{t}", h), "404"),
-        ("a path of 16 KiB", request("GET", "/" + t + "a" * 16_000, h), "400 404 414"),
-    ])
-
-
-def crowd(ctx: Ctx, burst: int = 200, flood: int = 160) -> list[Case]:
-    """Many at once; the index flood (unique ~100 KB prompts, 25k tokens: only the index's
-    memory budget bounds the router); clients leaving mid-request."""
+def attack(ctx: Ctx, burst: int = 200, flood: int = 160) -> list[Case]:
+    """The attack's cases but the slow ones, in the order they are sent; last, many at once,
+    the index flood (unique ~100 KB prompts, 25k tokens: only the index's memory budget bounds
+    the router), clients leaving mid-request."""
     long = {"max_tokens": 30_000, "stream": True}
     return [
+        *bodies(ctx), *headers(ctx),
         *(Case("many connections", f"{burst} requests at once", (post(chat(
             ctx, text(ctx, f"burst-{i}", 2000))),), ("200",), burst // 8) for i in range(8)),
         *(Case("index flood", "a unique 100 KB prompt", (post(chat(
@@ -243,22 +221,13 @@ def slow(ctx: Ctx, keepalive_s: float, body_s: float, silent: int) -> list[Case]
 
     def c(name: str, pieces: tuple[bytes, ...], expect: str, n: int) -> Case:
         bar = bd + 2 if expect == "408" else ka
-        return Case("slow clients", name, pieces, (expect,), n, 0.5, "close", close_within=bar,
-                    answer_within=bd if expect == "408" else None)
+        return Case("slow clients", name, pieces, (expect,), n, 0.5, "close", close_within=bar)
 
     return [
-        c("a silent connection", (), "closed", 4),
         c("headers a byte at a time", tuple(bytes([b]) for b in head), "closed", 3),
         c("the body a byte at a time", (head, *(bytes([b]) for b in body[:200])), "408", 3),
         c("idle keep-alive after one request", (request("GET", "/healthz", [("Host", "x")]),),
           "200", 4),
-        c("Expect: 100-continue, then no body", (head.replace(
-            CRLF * 2, b"\r\nExpect: 100-continue\r\n\r\n"),), "408", 2),
         Case("many connections", f"{silent} silent connections at once", (), ("closed",), silent,
              until="close", close_within=ka + 3),
     ]
-
-
-def attack(ctx: Ctx) -> list[Case]:
-    """The attack's cases but the slow ones, in the order they are sent."""
-    return [*sizes(ctx), *mistakes(ctx), *headers(ctx), *paths(ctx), *crowd(ctx)]

@@ -28,7 +28,7 @@ from bench.provenance import now_utc
 from prefix_router.config import INDEX_ENTRY_BYTES
 
 from . import cases as C
-from .client import Outcome, run_cases, tenants
+from .client import Outcome, run_cases
 
 MODEL, SIMS, SILENT = "abuse-model", 3, 800
 SIM = {"model": MODEL, "kv_capacity": 2_000_000, "profile": "fast", "time_scale": 1.0}
@@ -81,16 +81,12 @@ async def ready(s: aiohttp.ClientSession, url: str, key: str, value: Any) -> boo
 
 
 async def wait_for(check: Callable[[], bool | Awaitable[bool]], what: str,
-                   errors: list[str] | None = None, timeout: float = 60) -> float | None:
-    """Seconds until `check` holds; if it does not within `timeout`, TimeoutError, or None
-    with the timeout noted in `errors`."""
+                   timeout: float = 60) -> float:
+    """Seconds until `check` holds; TimeoutError if it does not within `timeout`."""
     t0 = time.monotonic()
     while not (await r if inspect.isawaitable(r := check()) else r):
         if time.monotonic() - t0 > timeout:
-            if errors is None:
-                raise TimeoutError(f"{what}: not within {timeout:g}s")
-            errors.append(f"{what}: not within {timeout:g}s")
-            return None
+            raise TimeoutError(f"{what}: not within {timeout:g}s")
         await asyncio.sleep(0.1)
     return round(time.monotonic() - t0, 2)
 
@@ -148,17 +144,17 @@ async def faults(fleet: Fleet, s: aiohttp.ClientSession, url: str, tap: str, mar
 
     async def answered(n: int) -> None:
         start = len(results)
-        await wait_for(lambda: len(results) - start >= n, f"{n} answers, {phase[0]}", None, 120)
+        await wait_for(lambda: len(results) - start >= n, f"{n} answers, {phase[0]}", 120)
 
     async def fault(name: str, do: Awaitable[Any], undo: Callable[[], Awaitable[Any]], key: str,
                     values: tuple[Any, Any], answers: int = 0) -> None:
         phase[0] = name
         await do
-        out[name] = {"seen_s": await wait_for(lambda: ready(s, url, key, values[0]), f"{name}: seen")}
+        out[name] = {"seen_s": await wait_for(lambda: ready(s, url, key, values[0]), name)}
         await answered(answers)
         phase[0] = f"{name}: undone"
         await undo()
-        out[name]["back_s"] = await wait_for(lambda: ready(s, url, key, values[1]), f"{name}: undone")
+        out[name]["back_s"] = await wait_for(lambda: ready(s, url, key, values[1]), "undone")
 
     async def hang(what: str) -> None:
         async with s.post(f"{tap}/{what}/{hung}") as r:
@@ -188,8 +184,8 @@ async def faults(fleet: Fleet, s: aiohttp.ClientSession, url: str, tap: str, mar
 
 async def attack(ctx: C.Ctx, cases: list[C.Case], port: int, private: list[str], pid: int
                  ) -> tuple[list[Outcome], dict[str, Any]]:
-    """Every class of cases in turn, then the tenants' probe, while the slow clients and the
-    silent connections go on and /healthz is watched."""
+    """Every class of cases in turn while the slow clients and the silent connections go on
+    and /healthz is watched."""
     stop = asyncio.Event()
     slow = C.slow(ctx, ROUTER["keepalive_timeout_s"], ROUTER["body_timeout_s"], SILENT)
     background = asyncio.create_task(run_cases(slow, port, private, SILENT + 100))
@@ -198,7 +194,7 @@ async def attack(ctx: C.Ctx, cases: list[C.Case], port: int, private: list[str],
     for cls in dict.fromkeys(c.cls for c in cases):
         out += await run_cases([c for c in cases if c.cls == cls], port, private,
                                PARALLEL.get(cls, 16))
-    out += await tenants(ctx, port, private) + await background
+    out += await background
     stop.set()
     return out, await watching
 
@@ -208,7 +204,7 @@ async def run_round(store: str, log_dir: Path) -> dict[str, Any]:
     log_dir, errors = log_dir / store, list[str]()
     marker, tag = "PLANTED-" + secrets.token_hex(6), "HDRTAG-" + secrets.token_hex(6)
     async with Fleet(log_dir) as fleet, aiohttp.ClientSession() as s:
-        started, load_before = now_utc(), os.getloadavg()
+        started = now_utc()
         sims = [await fleet.start_sim(f"sim{i}", **SIM) for i in range(SIMS)]
         taps, ctl = [free_port() for _ in sims], free_port()
         tap, cfg, port = f"http://127.0.0.1:{ctl}", log_dir / "router.yaml", free_port()
@@ -226,13 +222,6 @@ async def run_round(store: str, log_dir: Path) -> dict[str, Any]:
         ctx, before = C.Ctx(MODEL, marker, tag, 8 * C.MiB), figures(router.process.pid)
         outcomes, healthz = await attack(ctx, cases := C.attack(ctx), port, private,
                                          router.process.pid)
-
-        async def idle() -> bool:  # nothing in flight at the router nor at any engine
-            pages = [await get(s, u + "/metrics") for u in [router.url, *(p.url for p in sims)]]
-            return sample_sum(pages[0], "prefix_router_backend_in_flight") == 0 and all(
-                sample_sum(t, "vllm:num_requests_running") == 0 for t in pages[1:])
-
-        drained = await wait_for(idle, "nothing in flight", errors, 30)
         entries = sample_sum(await get(s, router.url + "/metrics"), "prefix_router_table_entries")
         lost = router.log_path.read_text(errors="replace").count("shared store unavailable")
         fault, results = await faults(fleet, s, router.url, tap, marker, redis_url, errors)
@@ -240,16 +229,16 @@ async def run_round(store: str, log_dir: Path) -> dict[str, Any]:
         alive = router.process.returncode is None
         await fleet.stop(router)
     probes = {int(k): v for b in records for k, v in b["probes"].items()}
-    for o, c in [(o, c) for o in outcomes for c in cases if c.probe is not None and c.name == o.case]:
-        o.problems += C.check_probe(c, probes.get(c.probe))  # type: ignore[arg-type]
+    hop = {c.name: c for c in cases if c.probe is not None}
+    for o in outcomes:
+        o.problems += C.check_probe(hop[o.case], probes) if o.case in hop else []
     log = router.log_path.read_text(errors="replace")
     error_lines = [x for x in log.splitlines() if " ERROR " in x or " CRITICAL " in x]
     return {
-        "store": store, "started": started, "load_before": load_before,
-        "load_after": os.getloadavg(), "settings": settings | {"discovery": "the tap's ports"},
+        "store": store, "started": started, "settings": settings | {"discovery": "the taps"},
         "outcomes": [o.__dict__ for o in outcomes], "faults": fault,
         "load": judge_load(results, {r for b in records for r in b["held"] + b["cut"]}),
-        "drained_s": drained, "healthz": healthz, "redis_lost_in_attack": lost if redis_url else None,
+        "healthz": healthz, "redis_lost": lost if redis_url else None,
         "router": {"before": before, "after": after, "alive_at_end": alive,
                    "exit_code": router.process.returncode},
         "index": {"entries": entries, "bound": max(1000, int(
@@ -258,11 +247,3 @@ async def run_round(store: str, log_dir: Path) -> dict[str, Any]:
                 "error_lines": len(error_lines), "first_errors": error_lines[:5],
                 "prompt_marker": log.count(marker), "tag_marker": log.count(tag)},
     }
-
-
-async def run_all(stores: list[str], log_dir: Path) -> list[dict[str, Any]]:
-    out = []
-    for store in stores:
-        print(f"abuse: {store} store ...", flush=True)
-        out.append(await run_round(store, log_dir))
-    return out

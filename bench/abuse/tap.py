@@ -7,13 +7,12 @@ line each (seconds, ok): the attacker's own CPU cannot delay a probe."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
 import re
+import sys
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -23,41 +22,30 @@ RID, PROBE = re.compile(rb"rid-(\d+)"), re.compile(rb"hdrprobe-(\d+)")
 HOP = ("host", "content-length", "transfer-encoding", "connection", "keep-alive")
 
 
-@dataclass
-class Backend:
-    upstream: str
-    hung: bool = False
-    seen: list[int] = field(default_factory=list)
-    held: list[int] = field(default_factory=list)
-    cut: list[int] = field(default_factory=list)
-    probes: dict[int, dict[str, Any]] = field(default_factory=dict)
-
-
 def fields(body: bytes) -> dict[str, Any]:
     with contextlib.suppress(ValueError, AttributeError):
         return dict(json.loads(body).items())
     return {}
 
 
-def proxy(b: Backend, session: aiohttp.ClientSession) -> web.Application:
+def proxy(b: dict[str, Any], session: aiohttp.ClientSession) -> web.Application:
+    """`b`: what the tap saw of one engine's traffic (its records), and whether it hangs."""
     async def handle(request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        rid = int(m[1]) if (m := RID.search(body)) else None
-        if rid is not None:
-            b.seen.append(rid)
+        rid, doc = int(m[1]) if (m := RID.search(body)) else None, fields(body)
+        b["seen"] += [rid] if rid is not None else []
         if m := PROBE.search(body):
-            b.probes[int(m[1])] = {"headers": [[k, v] for k, v in request.headers.items()],
-                                   "cache_salt": fields(body).get("cache_salt")}
-        if b.hung and request.path.startswith("/v1/"):
-            if rid is not None:
-                b.held.append(rid)
-            if fields(body).get("stream") is True:
+            b["probes"][int(m[1])] = {"headers": [[k, v] for k, v in request.headers.items()],
+                                      "cache_salt": doc.get("cache_salt")}
+        if b["hung"] and request.path.startswith("/v1/"):
+            b["held"] += [rid] if rid is not None else []
+            if doc.get("stream") is True:
                 await web.StreamResponse(headers={"Content-Type": "text/event-stream"}).prepare(
                     request)
             await asyncio.Event().wait()  # until the router gives up (handler cancelled)
         started = None
         try:
-            async with session.request(request.method, b.upstream + request.path_qs,
+            async with session.request(request.method, b["upstream"] + request.path_qs,
                                        data=body or None, headers={
                     k: v for k, v in request.headers.items() if k.lower() not in HOP}) as up:
                 started = web.StreamResponse(status=up.status, headers={
@@ -70,7 +58,7 @@ def proxy(b: Backend, session: aiohttp.ClientSession) -> web.Application:
                 return started
         except (aiohttp.ClientError, OSError) as exc:
             if rid is not None and not isinstance(exc, aiohttp.ClientConnectorError):
-                b.cut.append(rid)
+                b["cut"].append(rid)
             if request.transport is not None:  # unanswered: how a dead engine looks
                 request.transport.abort()
             return started or web.Response(status=502)
@@ -81,14 +69,15 @@ def proxy(b: Backend, session: aiohttp.ClientSession) -> web.Application:
 
 
 async def tap(control: int, pairs: list[str]) -> None:
-    backends = [Backend(p.split("=", 1)[1]) for p in pairs]
+    backends = [{"upstream": p.split("=", 1)[1], "hung": False, "seen": [], "held": [],
+                 "cut": [], "probes": {}} for p in pairs]
 
     async def hang(request: web.Request) -> web.Response:
-        backends[int(request.match_info["i"])].hung = request.match_info["what"] == "hang"
+        backends[int(request.match_info["i"])]["hung"] = request.match_info["what"] == "hang"
         return web.json_response({})
 
     async def records(request: web.Request) -> web.Response:
-        return web.json_response([b.__dict__ for b in backends])
+        return web.json_response(backends)
 
     ctl = web.Application()
     ctl.router.add_post("/{what:hang|unhang}/{i:\\d+}", hang)
@@ -118,10 +107,6 @@ async def probe(url: str) -> None:
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(prog="python -m bench.abuse.tap", description=__doc__)
-    p.add_argument("--probe", metavar="URL")
-    p.add_argument("--control", type=int)
-    p.add_argument("pairs", nargs="*", metavar="PORT=UPSTREAM_URL")
-    args = p.parse_args()
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(probe(args.probe) if args.probe else tap(args.control, args.pairs))
+        asyncio.run(probe(sys.argv[2]) if sys.argv[1] == "--probe" else
+                    tap(int(sys.argv[2]), sys.argv[3:]))

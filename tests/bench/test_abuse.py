@@ -12,9 +12,9 @@ from typing import Any
 
 from aiohttp import web
 
+from bench.abuse import bars, render
 from bench.abuse import cases as C
 from bench.abuse.client import exchange, first_answer, judge
-from bench.abuse.report import bars, render
 from bench.abuse.run import judge_load, watch
 from bench.harness.fleet import free_port
 
@@ -54,11 +54,11 @@ async def test_exchange_reads_the_answer_and_sees_the_close() -> None:
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     case = C.Case("c", "n", (C.request("GET", "/", [("Host", "x")]),), ("417",), until="close")
     try:
-        raw, closed, seconds, answered = await exchange(server.sockets[0].getsockname()[1], case)
+        raw, closed, seconds = await exchange(server.sockets[0].getsockname()[1], case)
     finally:
         server.close()
-    assert closed and answered is not None and answered <= seconds
-    o = judge(case, raw, closed, seconds, answered, [])
+    assert closed and seconds < 5
+    o = judge(case, raw, closed, seconds, [])
     assert o.status == "417" and o.met and o.problems == ["Server: x"]
     assert o.notes == ["417 as none"]
 
@@ -66,34 +66,35 @@ async def test_exchange_reads_the_answer_and_sees_the_close() -> None:
 def test_answers_must_not_tell_what_stands_behind_the_router() -> None:
     case = C.Case("c", "n", (), ("400",))
     ok = resp(400, [("Server", "prefix-router"), ("Content-Type", "application/json")], b"{}")
-    assert judge(case, ok, True, 0.1, 0.1, ["127.0.0.1:9"]).problems == []
+    assert judge(case, ok, True, 0.1, ["127.0.0.1:9"]).problems == []
     leaky = resp(502, [("x-routed-to", "a")], b"upstream http://127.0.0.1:9 failed\nTraceback")
-    o = judge(case, leaky + ok, True, 0.1, 0.1, ["127.0.0.1:9"])
+    o = judge(case, leaky + ok, True, 0.1, ["127.0.0.1:9"])
     assert set(o.problems) == {"2 answers to one request", "routing header x-routed-to",
                                "a traceback in the answer", "an engine's address in the answer"}
     assert o.status == "502" and not o.met
 
 
 def test_slow_clients_are_judged_by_when_the_router_closed() -> None:
-    slow = C.Case("slow", "s", (), ("408",), until="close", close_within=5, answer_within=3)
-    o = judge(slow, resp(408, [("Content-Type", "application/json")]), True, 7.0, 4.0, [])
-    assert o.met and o.problems == ["closed after 7.0s (bar 5s)", "no answer within 3s"]
-    assert judge(slow, b"", False, 9.0, None, []).status == "timeout"
+    slow = C.Case("slow", "s", (), ("408",), until="close", close_within=5)
+    o = judge(slow, resp(408, [("Content-Type", "application/json")]), True, 7.0, [])
+    assert o.met and o.problems == ["closed after 7.0s (bar 5s)"]
+    assert judge(slow, b"", False, 9.0, []).problems == ["still open after 9.0s (bar 5s)"]
+    assert judge(slow, b"", False, 9.0, []).status == "timeout"
     left = C.Case("leave", "l", (), ("left",), until="first-body-byte")
-    assert judge(left, b"HTTP/1.1 200 OK\r\n\r\ndata", False, 1, None, []).status == "left"
-    assert judge(left, resp(503), True, 1, 1, []).status == "503"
+    assert judge(left, b"HTTP/1.1 200 OK\r\n\r\ndata", False, 1, []).status == "left"
+    assert judge(left, resp(503), True, 1, []).status == "503"
 
 
 def test_every_prompt_and_trick_carries_its_marker() -> None:
-    for case in C.mistakes(CTX) + C.crowd(CTX, 8, 2) + C.paths(CTX):
+    for case in C.attack(CTX, 8, 2):
         body = case.pieces[0].split(b"\r\n\r\n", 1)[1]
-        assert not body.startswith(b"{") or b"PLANTED-1" in body, case.name
+        assert not body.startswith(b"{\"") or b"PLANTED-1" in body, case.name
     tricks = [c for c in C.headers(CTX) if c.cls == "header tricks"]
     assert all(b"HDRTAG-1" in c.pieces[0] for c in tricks if b"PRI" not in c.pieces[0])
 
 
 def test_the_body_size_cases_sit_where_they_say() -> None:
-    sizes = {c.name: len(c.pieces[0].split(b"\r\n\r\n", 1)[1]) for c in C.sizes(CTX)}
+    sizes = {c.name: len(c.pieces[0].split(b"\r\n\r\n", 1)[1]) for c in C.bodies(CTX)}
     assert sizes["a body exactly at the limit"] == 1 << 20
     assert sizes["one byte over the limit"] == (1 << 20) + 1
     assert (1 << 20) - 8192 < sizes["a prompt 4 KiB under the limit"] <= (1 << 20) - 4096
@@ -102,14 +103,14 @@ def test_the_body_size_cases_sit_where_they_say() -> None:
 def test_probes_are_checked_at_the_engine() -> None:
     probes = {c.name: c for c in C.headers(CTX) if c.probe is not None}
     xff = probes["X-Forwarded-For named in Connection"]
-    assert C.check_probe(xff, {"headers": [["X-Forwarded-For", "127.0.0.1"]],
-                               "cache_salt": None}) == []
-    assert C.check_probe(xff, None) == ["did not reach an engine"]
+    assert C.check_probe(xff, {xff.probe: {"headers": [["X-Forwarded-For", "127.0.0.1"]],
+                                           "cache_salt": None}}) == []
+    assert C.check_probe(xff, {}) == ["did not reach an engine"]
     salt = probes["the gateway's salt replaces the body's"]
-    assert C.check_probe(salt, {"headers": [["x-cache-salt", "tenant-a"]], "cache_salt": "tenant-b"}
-                         ) == ["cache_salt at the engine: 'tenant-b'"]
+    rec = {"headers": [["x-cache-salt", "tenant-a"]], "cache_salt": "tenant-b"}
+    assert C.check_probe(salt, {salt.probe: rec}) == ["cache_salt at the engine: 'tenant-b'"]
     hop = next(c for n, c in probes.items() if n.startswith("hop-by-hop"))
-    assert C.check_probe(hop, {"headers": [["TE", "trailers"]], "cache_salt": None}) == [
+    assert C.check_probe(hop, {hop.probe: {"headers": [["TE", "1"]], "cache_salt": None}}) == [
         "te reached the engine", "X-Forwarded-For at the engine: []"]
 
 
@@ -134,7 +135,7 @@ ROUND: dict[str, Any] = {
     "faults": {"engine hung": {"seen_s": 1.0, "back_s": 2.0},
                "engine killed": {"seen_s": 0.2, "back_s": 1.0}},
     "load": judge_load([{"rid": 1, "phase": "p", "status": "200", "whole": True}], set()),
-    "drained_s": 0.1, "redis_lost_in_attack": None, "errors": [],
+    "drained_s": 0.1, "redis_lost": None, "errors": [],
     "healthz": {"n": 9, "failures": 0, "p50_ms": 1.0, "p99_ms": 9.0, "max_ms": 9.0,
                 "most_fds": 900},
     "router": {"before": {"rss_mb": 60, "fds": 30}, "alive_at_end": True, "exit_code": 0,
