@@ -1,6 +1,5 @@
-"""The hostile requests, as data: each case is the bytes a client sends, how it leaves, and the
-answers right for it. Every prompt holds the run's marker and every header or path trick a
-second one, so the router's log can be searched for client bytes."""
+"""The hostile requests, as data: the bytes a client sends, how it leaves, the answers right for
+it. Prompts hold the run's marker, header and path tricks a second: the log is searched."""
 
 from __future__ import annotations
 
@@ -32,24 +31,23 @@ class Case:
     repeat: int = 2
     gap: float = 0.0  # seconds between pieces
     until: str = "reply"  # what the client waits for: reply, close, sent, first-body-byte
-    rst: bool = False  # leave with a TCP reset
     probe: int | None = None  # a header probe: the tap records what reached the engine
     want: tuple[tuple[str, Any], ...] = ()  # what the engine must have got (check_probe)
     close_within: float | None = None  # the router closes it by then (s from the first byte)
 
 
-def request(method: str, path: str, headers: Headers = (), body: bytes = b"",
-            version: str = "HTTP/1.1", length: bool = True) -> bytes:
-    """One request's bytes; Content-Length is added for a body unless `length` is false."""
-    lines = [f"{method} {path} {version}".encode()]
+def request(method: str, path: str, headers: Headers = (), body: bytes = b"") -> bytes:
+    """One request's bytes; Content-Length added for a body whose headers do not frame it."""
+    lines = [f"{method} {path} HTTP/1.1".encode()]
     lines += [f"{k}: {v}".encode("latin-1") for k, v in headers]
-    lines += [b"Content-Length: %d" % len(body)] if body and length else []
+    framed = any(k.lower() in ("content-length", "transfer-encoding") for k, _v in headers)
+    lines += [b"Content-Length: %d" % len(body)] if body and not framed else []
     return CRLF.join(lines) + CRLF + CRLF + body
 
 
-def post(body: bytes, headers: Headers = (), path: str = CHAT, length: bool = True) -> bytes:
+def post(body: bytes, headers: Headers = (), path: str = CHAT) -> bytes:
     h = [("Host", "127.0.0.1"), ("Content-Type", "application/json"), *headers]
-    return request("POST", path, [*h, ("Connection", "close")], body, length=length)
+    return request("POST", path, [*h, ("Connection", "close")], body)
 
 
 def chat(ctx: Ctx, content: str, **extra: Any) -> bytes:
@@ -64,12 +62,11 @@ def text(ctx: Ctx, tag: str, size: int = 200) -> str:
 
 
 def rows(cls: str, table: list[tuple[str, bytes, str]]) -> list[Case]:
-    """Cases from (name, bytes sent, allowed answers separated by blanks) rows."""
+    """Cases from (name, bytes sent, the answers allowed, blank-separated) rows."""
     return [Case(cls, name, (data,), tuple(expect.split())) for name, data, expect in table]
 
 
 def chunked(body: bytes, size: int = 65536) -> bytes:
-    """`body` in the chunked transfer coding, ended."""
     pieces = (body[i : i + size] for i in range(0, len(body), size))
     return b"".join(b"%x\r\n" % len(p) + p + CRLF for p in pieces) + b"0\r\n\r\n"
 
@@ -77,9 +74,8 @@ def chunked(body: bytes, size: int = 65536) -> bytes:
 def bodies(ctx: Ctx) -> list[Case]:
     """Bodies up to and over the limit, prompts over the engine's max_model_len, and client
     mistakes (JSON, types, encodings): each a 4xx in JSON, no traceback logged."""
-    lim, gz, short = ctx.max_body, [("Content-Encoding", "gzip")], chat(ctx, text(ctx, "short"))
-    good, p, secret = chat(ctx, text(ctx, "json")), text(ctx, "json"), text(ctx, "enc", 400)
-    ch, secret = [("Transfer-Encoding", "chunked")], secret.encode()
+    lim, short, p = ctx.max_body, chat(ctx, text(ctx, "short")), text(ctx, "json")
+    good, gz, ch = chat(ctx, p), [("Content-Encoding", "gzip")], [("Transfer-Encoding", "chunked")]
     huge = chat(ctx, text(ctx, "huge", lim - 4096 - len(chat(ctx, ""))))
     bomb = zlib.compressobj(9, zlib.DEFLATED, 31)  # gzip: a thousandth of the zeros it holds
     zeros = b"".join([*(bomb.compress(bytes(MiB)) for _ in range(128 * lim // MiB)), bomb.flush()])
@@ -95,18 +91,14 @@ def bodies(ctx: Ctx) -> list[Case]:
         ("a body exactly at the limit", post(padded(lim)), "200"),
         ("one byte over the limit", post(padded(lim + 1)), "413"),
         ("Content-Length 1 GiB, 64 KiB sent", post(b"{" + bytes(65535), [
-            ("Content-Length", str(1024 * MiB))], length=False), "413"),
-        ("chunked, 1 MiB over the limit", post(chunked(padded(lim + MiB)), [
-            ("Transfer-Encoding", "chunked")], length=False), "413"),
+            ("Content-Length", str(1024 * MiB))]), "413"),
+        ("chunked, 1 MiB over the limit", post(chunked(padded(lim + MiB)), ch), "413"),
         (f"gzip bomb: {128 * lim // MiB} MiB of zeros", post(zeros, gz), "413 400"),
         ("gzip of a prompt 4 KiB under the limit", post(gzip.compress(huge, 1), gz), "400"),
     ]) + rows("prompt over max_model_len", [
         ("a 200 KB prompt (the engine's 32k tokens < it < twice that)",
          post(chat(ctx, text(ctx, "200k", 200_000))), "400"),
         ("max_tokens over the context", post(chat(ctx, text(ctx, "mt"), max_tokens=10**6)), "400"),
-        ("100,000 token ids", post(json.dumps({"model": ctx.model, "prompt": [1] * 100_000,
-                                               "user": ctx.marker}).encode(),
-                                   path="/v1/completions"), "400"),
     ]) + rows("JSON", [
         ("empty body", post(b""), "400"),
         ("truncated", post(good[: len(good) // 2]), "400"),
@@ -114,18 +106,17 @@ def bodies(ctx: Ctx) -> list[Case]:
         ("an integer of 5,000 digits", raw(b', "n": ' + b"7" * 5000), "400"),
         ("invalid UTF-8 in a string", raw(b', "user": "\xff\xfe\xc0\xaf"'), "400"),
         ("a lone surrogate in the salt", raw(b', "cache_salt": "\\udfff"'), "400"),
-    ]) + rows("wrong types", [(name, post(chat(ctx, p, **extra)), "400") for name, extra in [
-        ("model 5", {"model": 5}), ("messages a string", {"messages": p}),
-        ("content an object", {"messages": [{"role": "user", "content": {}}], "x": p}),
-        ("stream 'yes'", {"stream": "yes"}), ("max_tokens 2**64", {"max_tokens": 2**64}),
-        ("cache_salt 5", {"cache_salt": 5})]]) + rows("encodings", [
-        ("gzip that is not gzip", post(secret, gz), "400"),
+        ("model 5", post(chat(ctx, p, model=5)), "400"),
+        ("stream 'yes'", post(chat(ctx, p, stream="yes")), "400"),
+        ("cache_salt 5", post(chat(ctx, p, cache_salt=5)), "400"),
+    ]) + rows("encodings", [
+        ("gzip that is not gzip", post(p.encode(), gz), "400"),
         ("valid gzip", post(gzip.compress(good), gz), "200"),
-        ("chunk size 'zz'", post(b"zz\r\n" + secret + b"\r\n0\r\n\r\n", ch, length=False), "400"),
         ("Transfer-Encoding and Content-Length (smuggling)", post(
-            b"0\r\n\r\nGET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", [("Content-Length", "4"), *ch],
-            length=False), "400"),
-        ("two different Content-Lengths", post(good, [("Content-Length", "5")]), "400"),
+            b"0\r\n\r\nGET /metrics HTTP/1.1\r\n\r\n", [("Content-Length", "4"), *ch]),
+         "400"),
+        ("two different Content-Lengths", post(good, [("Content-Length", str(len(good))), (
+            "Content-Length", "5")]), "400"),
     ])
 
 
@@ -144,11 +135,10 @@ def check_probe(case: Case, records: dict[int, dict[str, Any]]) -> list[str]:
 
 
 def headers(ctx: Ctx) -> list[Case]:
-    """Header tricks, the error contract (417, 405, 404 in JSON), requests naming another host;
-    probes of what reaches the engine: hop-by-hop headers dropped, X-Forwarded-For appended
-    to, the gateway's salt winning (check_probe)."""
+    """Header tricks, the error contract (417, 405, 404 in JSON); probes of what reaches the
+    engine: hop-by-hop headers dropped, X-Forwarded-For appended to, the gateway's salt wins."""
     body, t, xff = chat(ctx, text(ctx, "hdr")), ctx.tag.encode(), "198.18.0.7"
-    h, other = [("Host", "x"), ("Connection", "close")], "127.0.0.1:9"  # no router may call it
+    h = [("Host", "x"), ("Connection", "close")]
 
     def with_(lines: bytes) -> bytes:
         return post(body).replace(b"Connection", lines + b"Connection", 1)
@@ -160,8 +150,6 @@ def headers(ctx: Ctx) -> list[Case]:
             ("X-Forwarded-For", "::1")], {"absent": ["x-hop", "keep-alive", "te",
                                                      "proxy-authorization"],
                                           "xff": [f"{xff}, ::1, 127.0.0.1"]}),
-        ("X-Forwarded-For named in Connection", [("Connection", "X-Forwarded-For"),
-                                                 ("X-Forwarded-For", xff)], {"xff": ["127.0.0.1"]}),
         ("the salt header named in Connection still salts", [("Connection", "x-cache-salt"), (
             "x-cache-salt", "tenant-c")], {"salt": "tenant-c", "absent": ["x-cache-salt"]}),
         ("the gateway's salt replaces the body's", [("x-cache-salt", "tenant-a")],
@@ -173,18 +161,11 @@ def headers(ctx: Ctx) -> list[Case]:
         ("Expect: 100-continue over the limit", post(b"", [("Expect", "100-continue"), (
             "Content-Length", str(ctx.max_body + 1))]), "413"),
         (f"GET {CHAT}", request("GET", CHAT, h), "405"),
-        ("POST /healthz", post(body, path="/healthz"), "405"),
-        ("CONNECT to another port", request("CONNECT", other, [("Host", other)]),
-         "400 404 405 closed"),
-        ("an absolute URI naming another host", post(body, path=f"http://{other}{CHAT}").replace(
-            b"Host: 127.0.0.1", f"Host: {other}".encode()), "200 400 404"),
-        ("an unknown path", request("GET", f"/admin/{ctx.tag}", h), "404"),
         ("a path of 16 KiB", request("GET", f"/{ctx.tag}{'a' * 16_000}", h), "400 404 414"),
     ]) + rows("header tricks", [
         ("bare CR in a value", with_(b"X-A: %s\rX-B: 1\r\n" % t), "400"),
         ("a 64 KiB header", with_(b"X-Big: " + t + b"a" * 65536 + b"\r\n"), "400 431"),
         ("HTTP/2 preface", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes(24), "400 closed"),
-        ("a garbage request line", t + b" \x01\x02\r\n\r\n", "400 closed"),
         ("x-cache-salt with CR LF inside", with_(b"x-cache-salt: a\r\nX-I: %s\r\n" % t), "200"),
     ]) + [Case("hop-by-hop and forwarding", name, (post(chat(
         ctx, text(ctx, f"hdrprobe-{i}"), **w.get("body", {})), hs),), ("200",), 1,
@@ -192,9 +173,8 @@ def headers(ctx: Ctx) -> list[Case]:
 
 
 def attack(ctx: Ctx, burst: int = 200, flood: int = 160) -> list[Case]:
-    """The attack's cases but the slow ones, in the order they are sent; last, many at once,
-    the index flood (unique ~100 KB prompts, 25k tokens: only the index's memory budget bounds
-    the router), clients leaving mid-request."""
+    """The attack but the slow clients, in order; last, many at once, the index flood (unique
+    100 KB prompts: only the index's memory budget bounds it), clients leaving mid-request."""
     long = {"max_tokens": 30_000, "stream": True}
     return [
         *bodies(ctx), *headers(ctx),
@@ -203,12 +183,9 @@ def attack(ctx: Ctx, burst: int = 200, flood: int = 160) -> list[Case]:
         *(Case("index flood", "a unique 100 KB prompt", (post(chat(
             ctx, text(ctx, f"flood-{i}", 100_000), max_tokens=1)),), ("200",), 1)
           for i in range(flood)),
-        Case("clients leaving", "a stream left after its first bytes", (post(chat(
-            ctx, text(ctx, "leave-1"), **long)),), ("left",), 10, until="first-body-byte"),
-        Case("clients leaving", "left once the request is sent", (post(chat(
-            ctx, text(ctx, "leave-2"), **long)),), ("left",), 10, until="sent"),
-        Case("clients leaving", "a reset half way through the body", (post(chat(
-            ctx, text(ctx, "leave-3", 20_000)))[:10_000],), ("left",), 10, until="sent", rst=True),
+        *(Case("clients leaving", f"a long stream left {until}", (post(chat(ctx, text(
+            ctx, f"leave-{until}"), **long)),), ("left",), 10, until=until)
+          for until in ("first-body-byte", "sent")),
     ]
 
 
@@ -217,17 +194,13 @@ def slow(ctx: Ctx, keepalive_s: float, body_s: float, silent: int) -> list[Case]
     must close each (after a 408 aiohttp lingers up to the router's 1 s)."""
     body = chat(ctx, text(ctx, "slow", 2000))
     head = post(body)[: -len(body)].replace(b"Connection: close\r\n", b"")
-    ka, bd = keepalive_s * 1.5 + 2, body_s * 1.5 + 2
-
-    def c(name: str, pieces: tuple[bytes, ...], expect: str, n: int) -> Case:
-        bar = bd + 2 if expect == "408" else ka
-        return Case("slow clients", name, pieces, (expect,), n, 0.5, "close", close_within=bar)
-
-    return [
-        c("headers a byte at a time", tuple(bytes([b]) for b in head), "closed", 3),
-        c("the body a byte at a time", (head, *(bytes([b]) for b in body[:200])), "408", 3),
-        c("idle keep-alive after one request", (request("GET", "/healthz", [("Host", "x")]),),
-          "200", 4),
+    ka, bd = keepalive_s * 1.5 + 2, body_s * 1.5 + 4
+    return [Case("slow clients", name, pieces, (expect,), n, 0.5, "close", close_within=bar)
+            for name, pieces, expect, n, bar in [
+        ("headers a byte at a time", tuple(bytes([b]) for b in head), "closed", 3, ka),
+        ("the body a byte at a time", (head, *(bytes([b]) for b in body[:200])), "408", 3, bd),
+        ("idle keep-alive after one request", (request("GET", "/healthz", [("Host", "x")]),),
+         "200", 4, ka)]] + [
         Case("many connections", f"{silent} silent connections at once", (), ("closed",), silent,
              until="close", close_within=ka + 3),
     ]

@@ -1,7 +1,5 @@
 """One round: a router (local or Redis store) over simulators behind the tap; the attack, then
-the faults under ordinary load (each waited on through /readyz, and undone), then the cost.
-A fault may fail only the requests the tap saw it take (held by a hung engine, cut on a
-killed one); any other failure is the router's."""
+the faults under ordinary load (each waited on through /readyz, and undone), then the cost."""
 
 from __future__ import annotations
 
@@ -28,7 +26,7 @@ from bench.provenance import now_utc
 from prefix_router.config import INDEX_ENTRY_BYTES
 
 from . import cases as C
-from .client import Outcome, run_cases
+from .client import run_cases
 
 MODEL, SIMS, SILENT = "abuse-model", 3, 800
 SIM = {"model": MODEL, "kv_capacity": 2_000_000, "profile": "fast", "time_scale": 1.0}
@@ -38,12 +36,10 @@ ROUTER: dict[str, Any] = {
     "keepalive_timeout_s": 5.0, "body_timeout_s": 8.0, "first_token_budget_s": 2.0,
     "upstream_timeout_s": 10.0, "index_memory_mb": 32.0, "shutdown_timeout_s": 10.0,
     "log_level": "debug", "health": {"probe_interval_s": 0.5, "readmit_after_s": 2.0}}
-PARALLEL = {"body size": 6, "prompt over max_model_len": 6, "index flood": 8,
-            "many connections": 200}
+PARALLEL = {"body size": 6, "prompt over max_model_len": 6, "many connections": 200}
 
 
-def figures(pid: int) -> dict[str, float]:
-    """RSS and peak RSS (MB), and open descriptors of a process."""
+def figures(pid: int) -> dict[str, float]:  # RSS, peak RSS (MB), open descriptors
     vm = parse_status(Path(f"/proc/{pid}/status").read_text())
     return {"rss_mb": round(vm["VmRSS"] / 1024, 1), "peak_rss_mb": round(vm["VmHWM"] / 1024, 1),
             "fds": len(os.listdir(f"/proc/{pid}/fd"))}
@@ -51,7 +47,7 @@ def figures(pid: int) -> dict[str, float]:
 
 async def watch(url: str, pid: int, stop: asyncio.Event) -> dict[str, Any]:
     """/healthz every 50 ms from a process of its own (tap.py --probe) until `stop`, and the
-    router's open descriptors at each answer: latency ms, failures, the most descriptors."""
+    router's most open descriptors."""
     child = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bench.abuse.tap", "--probe", url, stdout=subprocess.PIPE)
     ms, failures, fds = list[float](), 0, 0
@@ -67,8 +63,7 @@ async def watch(url: str, pid: int, stop: asyncio.Event) -> dict[str, Any]:
             **{k: v and round(v, 1) for k, v in out.items()}}
 
 
-async def get(s: aiohttp.ClientSession, url: str) -> str:
-    """A page (/readyz, /metrics, the tap's records); "" if none came."""
+async def get(s: aiohttp.ClientSession, url: str) -> str:  # "" if none came
     with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
         async with s.get(url, timeout=aiohttp.ClientTimeout(total=5)) as r:
             return await r.text()
@@ -76,7 +71,6 @@ async def get(s: aiohttp.ClientSession, url: str) -> str:
 
 
 async def ready(s: aiohttp.ClientSession, url: str, key: str, value: Any) -> bool:
-    """Whether the router's /readyz says `key` is `value` (healthy_backends, store)."""
     return json.loads(await get(s, url + "/readyz") or "{}").get(key) == value
 
 
@@ -91,17 +85,32 @@ async def wait_for(check: Callable[[], bool | Awaitable[bool]], what: str,
     return round(time.monotonic() - t0, 2)
 
 
-async def load(url: str, marker: str, stop: asyncio.Event, phase: list[str],
-               results: list[dict[str, Any]]) -> None:
-    """Open-loop ordinary requests, 8 a second (four shared system prompts, half streamed),
-    each with its id for the tap, until `stop`: a result each, under the phase sent in."""
-    async def one(s: aiohttp.ClientSession, rid: int) -> None:
+def judge_load(results: list[dict[str, Any]], allowed: set[int]) -> dict[str, dict[str, Any]]:
+    """Per phase: answered whole, failed as the fault allows (`allowed`: ids the tap saw held
+    or cut), or failed: the router's failure (and how many of those were 5xx)."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in results:
+        p = out.setdefault(r["phase"], {"whole": 0, "allowed": 0, "failed": 0, "five_xx": 0,
+                                        "statuses": {}})
+        p["statuses"][r["status"]] = p["statuses"].get(r["status"], 0) + 1
+        p["whole" if r["whole"] else "allowed" if r["rid"] in allowed else "failed"] += 1
+        p["five_xx"] += not r["whole"] and r["rid"] not in allowed and r["status"][:1] == "5"
+    return out
+
+
+async def faults(fleet: Fleet, s: aiohttp.ClientSession, url: str, taps: list[str], marker: str,
+                 redis_url: str | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Under ordinary load (8 requests a second, ids for the tap): the engine it reaches most
+    hung (until 40 answers after its ejection), another killed, Redis killed; each undone."""
+    stop, phase, results, out = asyncio.Event(), ["before"], list[dict[str, Any]](), {}
+
+    async def one(rid: int) -> None:  # an ordinary request: four system prompts, half streamed
         stream, res = (rid // 4) % 2 == 0, {"rid": rid, "phase": phase[0], "whole": False}
         body = {"model": MODEL, "max_tokens": 16, "stream": stream, "messages": [
             {"role": "system", "content": f"You are assistant number {rid % 4}. " * 40},
             {"role": "user", "content": f"{marker} rid-{rid} what now?"}]}
         try:
-            async with s.post(url + C.CHAT, json=body) as r:
+            async with s.post(url + C.CHAT, json=body, timeout=aiohttp.ClientTimeout(60)) as r:
                 data = await r.read()
             error = stream and b'"error"' in data
             res["status"] = f"{r.status}{' + error event' if error else ''}"
@@ -111,36 +120,13 @@ async def load(url: str, marker: str, stop: asyncio.Event, phase: list[str],
             res["status"] = type(exc).__name__
         results.append(res)
 
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60),
-                                     connector=aiohttp.TCPConnector(limit=0)) as s:
+    async def load() -> None:  # open loop, 8 a second until `stop`, then every answer awaited
         sent: list[asyncio.Task[None]] = []
         while not stop.is_set():
-            sent.append(asyncio.create_task(one(s, len(sent))))
+            sent.append(asyncio.create_task(one(len(sent))))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.125)
         await asyncio.gather(*sent)
-
-
-def judge_load(results: list[dict[str, Any]], allowed: set[int]) -> dict[str, dict[str, Any]]:
-    """Per phase: answered whole, failed as the fault allows (`allowed`: ids the tap saw held
-    or cut), or failed: the router's failure (and how many of those were 5xx)."""
-    out: dict[str, dict[str, Any]] = {}
-    for r in results:
-        p = out.setdefault(r["phase"], {"sent": 0, "whole": 0, "allowed": 0, "failed": 0,
-                                        "five_xx": 0, "statuses": {}})
-        p["sent"] += 1
-        p["statuses"][r["status"]] = p["statuses"].get(r["status"], 0) + 1
-        p["whole" if r["whole"] else "allowed" if r["rid"] in allowed else "failed"] += 1
-        p["five_xx"] += not r["whole"] and r["rid"] not in allowed and r["status"][:1] == "5"
-    return out
-
-
-async def faults(fleet: Fleet, s: aiohttp.ClientSession, url: str, tap: str, marker: str,
-                 redis_url: str | None, errors: list[str]) -> tuple[dict[str, Any], list[dict]]:
-    """Under the load: the engine it reaches most hung (until 40 answers after the router
-    ejects it), another engine killed, Redis killed; each undone before the next."""
-    stop, phase, results, out = asyncio.Event(), ["before"], list[dict[str, Any]](), {}
-    task = asyncio.create_task(load(url, marker, stop, phase, results))
 
     async def answered(n: int) -> None:
         start = len(results)
@@ -157,12 +143,13 @@ async def faults(fleet: Fleet, s: aiohttp.ClientSession, url: str, tap: str, mar
         out[name]["back_s"] = await wait_for(lambda: ready(s, url, key, values[1]), "undone")
 
     async def hang(what: str) -> None:
-        async with s.post(f"{tap}/{what}/{hung}") as r:
+        async with s.post(f"{taps[hung]}/_tap/{what}") as r:
             r.raise_for_status()
 
+    task = asyncio.create_task(load())
     try:
         await answered(20)
-        seen = [len(b["seen"]) for b in json.loads(await get(s, tap + "/records"))]
+        seen = [len(json.loads(await get(s, t + "/_tap/records"))["seen"]) for t in taps]
         hung, backends = seen.index(max(seen)), ("healthy_backends", (SIMS - 1, SIMS))
         await fault("engine hung", hang("hang"), lambda: hang("unhang"), *backends, 40)
         sim = fleet.proc(f"sim{(hung + 1) % SIMS}")
@@ -174,60 +161,48 @@ async def faults(fleet: Fleet, s: aiohttp.ClientSession, url: str, tap: str, mar
                 fleet.start_redis("redis-back", port=port)), "store", ("degraded", "ok"), 20)
         phase[0] = "after the faults"
         await answered(20)
-    except TimeoutError as exc:
-        errors.append(str(exc))
-    finally:
+    finally:  # a fault the router did not see fails the round
         stop.set()
         await task
     return out, results
 
 
-async def attack(ctx: C.Ctx, cases: list[C.Case], port: int, private: list[str], pid: int
-                 ) -> tuple[list[Outcome], dict[str, Any]]:
-    """Every class of cases in turn while the slow clients and the silent connections go on
-    and /healthz is watched."""
-    stop = asyncio.Event()
-    slow = C.slow(ctx, ROUTER["keepalive_timeout_s"], ROUTER["body_timeout_s"], SILENT)
-    background = asyncio.create_task(run_cases(slow, port, private, SILENT + 100))
-    watching = asyncio.create_task(watch(f"http://127.0.0.1:{port}", pid, stop))
-    out = []
-    for cls in dict.fromkeys(c.cls for c in cases):
-        out += await run_cases([c for c in cases if c.cls == cls], port, private,
-                               PARALLEL.get(cls, 16))
-    out += await background
-    stop.set()
-    return out, await watching
-
-
 async def run_round(store: str, log_dir: Path) -> dict[str, Any]:
-    """One round with the router on `store` ("local" or "redis"): its figures, as JSON."""
-    log_dir, errors = log_dir / store, list[str]()
+    log_dir = log_dir / store
     marker, tag = "PLANTED-" + secrets.token_hex(6), "HDRTAG-" + secrets.token_hex(6)
     async with Fleet(log_dir) as fleet, aiohttp.ClientSession() as s:
         started = now_utc()
         sims = [await fleet.start_sim(f"sim{i}", **SIM) for i in range(SIMS)]
-        taps, ctl = [free_port() for _ in sims], free_port()
-        tap, cfg, port = f"http://127.0.0.1:{ctl}", log_dir / "router.yaml", free_port()
-        await fleet.start("tap", [sys.executable, "-m", "bench.abuse.tap", "--control", str(ctl),
-                                  *(f"{p}={sim.url}" for p, sim in zip(taps, sims, strict=True))],
-                          ctl, "/records")
-        settings = {**ROUTER, "discovery": {"backends": [f"http://127.0.0.1:{p}" for p in taps]}}
+        ports, cfg, port = [free_port() for _ in sims], log_dir / "router.yaml", free_port()
+        taps = [f"http://127.0.0.1:{p}" for p in ports]
+        pairs = [f"{p}={sim.url}" for p, sim in zip(ports, sims, strict=True)]
+        await fleet.start("tap", [sys.executable, "-m", "bench.abuse.tap", *pairs], ports[-1],
+                          "/_tap/records")
+        settings = {**ROUTER, "discovery": {"backends": taps}}
         if redis_url := await fleet.start_redis() if store == "redis" else None:
             settings.update(store={"mode": "redis", "url": redis_url}, model_key="abuse")
         cfg.write_text(yaml.safe_dump(settings))
         router = await fleet.start("router", [sys.executable, "-m", "prefix_router", "--config",
                                               str(cfg), "--port", str(port)], port, "/readyz")
         await wait_for(lambda: ready(s, router.url, "healthy_backends", SIMS), "engines ready")
-        private = [f"127.0.0.1:{p}" for p in taps] + [sim.url.split("//")[1] for sim in sims]
+        private = [u.split("//")[1] for u in taps + [sim.url for sim in sims]]
         ctx, before = C.Ctx(MODEL, marker, tag, 8 * C.MiB), figures(router.process.pid)
-        outcomes, healthz = await attack(ctx, cases := C.attack(ctx), port, private,
-                                         router.process.pid)
+        # the attack: class by class, while the slow clients and silent connections go on
+        stop, cases = asyncio.Event(), C.attack(ctx)
+        slow = asyncio.create_task(run_cases(C.slow(ctx, ROUTER["keepalive_timeout_s"], ROUTER[
+            "body_timeout_s"], SILENT), port, private, SILENT + 100))
+        watching = asyncio.create_task(watch(router.url, router.process.pid, stop))
+        outcomes = []
+        for cls in dict.fromkeys(c.cls for c in cases):
+            outcomes += await run_cases([c for c in cases if c.cls == cls], port, private,
+                                        PARALLEL.get(cls, 16))
+        outcomes += await slow
+        stop.set()
+        healthz = await watching
         entries = sample_sum(await get(s, router.url + "/metrics"), "prefix_router_table_entries")
-        lost = router.log_path.read_text(errors="replace").count("shared store unavailable")
-        fault, results = await faults(fleet, s, router.url, tap, marker, redis_url, errors)
-        after, records = figures(router.process.pid), json.loads(await get(s, tap + "/records"))
-        alive = router.process.returncode is None
-        await fleet.stop(router)
+        fault, results = await faults(fleet, s, router.url, taps, marker, redis_url)
+        after = figures(router.process.pid)
+        records = [json.loads(await get(s, t + "/_tap/records")) for t in taps]
     probes = {int(k): v for b in records for k, v in b["probes"].items()}
     hop = {c.name: c for c in cases if c.probe is not None}
     for o in outcomes:
@@ -235,15 +210,13 @@ async def run_round(store: str, log_dir: Path) -> dict[str, Any]:
     log = router.log_path.read_text(errors="replace")
     error_lines = [x for x in log.splitlines() if " ERROR " in x or " CRITICAL " in x]
     return {
-        "store": store, "started": started, "settings": settings | {"discovery": "the taps"},
+        "store": store, "started": started, "settings": ROUTER,
         "outcomes": [o.__dict__ for o in outcomes], "faults": fault,
         "load": judge_load(results, {r for b in records for r in b["held"] + b["cut"]}),
-        "healthz": healthz, "redis_lost": lost if redis_url else None,
-        "router": {"before": before, "after": after, "alive_at_end": alive,
-                   "exit_code": router.process.returncode},
+        "healthz": healthz, "router": {"before": before, "after": after},
         "index": {"entries": entries, "bound": max(1000, int(
-            ROUTER["index_memory_mb"] * C.MiB / INDEX_ENTRY_BYTES))}, "errors": errors,
+            ROUTER["index_memory_mb"] * C.MiB / INDEX_ENTRY_BYTES))},
         "log": {"lines": log.count("\n"), "tracebacks": log.count("Traceback (most recent"),
                 "error_lines": len(error_lines), "first_errors": error_lines[:5],
-                "prompt_marker": log.count(marker), "tag_marker": log.count(tag)},
+                "markers": log.count(marker) + log.count(tag)},
     }

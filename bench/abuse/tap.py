@@ -1,8 +1,8 @@
-"""Processes beside the router, apart from the attacking one. `--control PORT LISTEN=UPSTREAM
-...`: a proxy in front of each engine simulator, recording what reached the engine (ids
-`rid-N`: taken, held while hung, cut; headers and cache_salt of `hdrprobe-N`), and hanging an
-engine on demand (POST /hang/<i>, /unhang/<i>): its /health answers, requests wait forever (a
-stream gets its status line first, as vLLM's). `--probe URL`: GET URL/healthz every 50 ms, a
+"""Processes beside the router, apart from the attacking one. `LISTEN=UPSTREAM ...`: a proxy in
+front of each engine simulator, recording what reached the engine (ids `rid-N`: taken, held
+while hung, cut; headers and cache_salt of `hdrprobe-N`; GET /_tap/records), and hanging it on
+demand (POST /_tap/hang, /_tap/unhang): its /health answers, requests wait forever (a stream
+gets its status line first, as vLLM's). `--probe URL`: GET URL/healthz every 50 ms, a
 line each (seconds, ok): the attacker's own CPU cannot delay a probe."""
 
 from __future__ import annotations
@@ -22,17 +22,13 @@ RID, PROBE = re.compile(rb"rid-(\d+)"), re.compile(rb"hdrprobe-(\d+)")
 HOP = ("host", "content-length", "transfer-encoding", "connection", "keep-alive")
 
 
-def fields(body: bytes) -> dict[str, Any]:
-    with contextlib.suppress(ValueError, AttributeError):
-        return dict(json.loads(body).items())
-    return {}
-
-
 def proxy(b: dict[str, Any], session: aiohttp.ClientSession) -> web.Application:
     """`b`: what the tap saw of one engine's traffic (its records), and whether it hangs."""
     async def handle(request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        rid, doc = int(m[1]) if (m := RID.search(body)) else None, fields(body)
+        rid, doc = int(m[1]) if (m := RID.search(body)) else None, {}
+        with contextlib.suppress(ValueError, AttributeError):
+            doc = dict(json.loads(body).items())
         b["seen"] += [rid] if rid is not None else []
         if m := PROBE.search(body):
             b["probes"][int(m[1])] = {"headers": [[k, v] for k, v in request.headers.items()],
@@ -63,34 +59,27 @@ def proxy(b: dict[str, Any], session: aiohttp.ClientSession) -> web.Application:
                 request.transport.abort()
             return started or web.Response(status=502)
 
+    async def control(request: web.Request) -> web.Response:  # POST hang, unhang; GET records
+        if request.method == "POST":
+            b["hung"] = request.match_info["what"] == "hang"
+        return web.json_response(b)
+
     app = web.Application(client_max_size=64 * 2**20)
+    app.router.add_route("*", "/_tap/{what}", control)
     app.router.add_route("*", "/{tail:.*}", handle)
     return app
 
 
-async def tap(control: int, pairs: list[str]) -> None:
-    backends = [{"upstream": p.split("=", 1)[1], "hung": False, "seen": [], "held": [],
-                 "cut": [], "probes": {}} for p in pairs]
-
-    async def hang(request: web.Request) -> web.Response:
-        backends[int(request.match_info["i"])]["hung"] = request.match_info["what"] == "hang"
-        return web.json_response({})
-
-    async def records(request: web.Request) -> web.Response:
-        return web.json_response(backends)
-
-    ctl = web.Application()
-    ctl.router.add_post("/{what:hang|unhang}/{i:\\d+}", hang)
-    ctl.router.add_get("/records", records)
+async def tap(pairs: list[str]) -> None:
     async with aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=2),
             connector=aiohttp.TCPConnector(limit=0), auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type")) as session:
-        for port, app in [(control, ctl), *((int(p.split("=")[0]), proxy(b, session))
-                                            for p, b in zip(pairs, backends, strict=True))]:
-            runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        for port, upstream in (p.split("=", 1) for p in pairs):
+            runner = web.AppRunner(proxy({"upstream": upstream, "hung": False, "seen": [], "held": [
+                ], "cut": [], "probes": {}}, session), handler_cancellation=True, access_log=None)
             await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", port, backlog=1024).start()
+            await web.TCPSite(runner, "127.0.0.1", int(port), backlog=1024).start()
         await asyncio.Event().wait()
 
 
@@ -108,5 +97,4 @@ async def probe(url: str) -> None:
 
 if __name__ == "__main__":
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(probe(sys.argv[2]) if sys.argv[1] == "--probe" else
-                    tap(int(sys.argv[2]), sys.argv[3:]))
+        asyncio.run(probe(sys.argv[2]) if sys.argv[1] == "--probe" else tap(sys.argv[1:]))

@@ -29,7 +29,7 @@ def resp(status: int, headers: list[tuple[str, str]] | None = None, body: bytes 
 
 def test_the_first_answer_is_read_by_its_framing() -> None:
     a = first_answer(b"HTTP/1.1 100 Continue\r\n\r\n" + resp(404, body=b"{}") + resp(200))
-    assert a is not None and (a.status, a.body, a.whole, a.count) == (404, b"{}", True, 2)
+    assert a is not None and (a.status, a.body, a.whole) == (404, b"{}", True)
     cut = first_answer(resp(200, body=b"hello")[:-2])
     assert cut is not None and not cut.whole and cut.body == b"hel"
     unframed = first_answer(b"HTTP/1.1 400 Bad\r\nContent-Type: text/plain\r\n\r\noops")
@@ -40,7 +40,7 @@ def test_the_first_answer_is_read_by_its_framing() -> None:
 def test_request_bytes_are_what_was_asked() -> None:
     raw = C.request("POST", "/p", [("Host", "x")], b"{}")
     assert raw == b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
-    assert b"Content-Length" not in C.request("POST", "/p", [], b"{}", length=False)
+    assert C.request("POST", "/p", [("Content-Length", "9")], b"{}").count(b"Length") == 1
     assert C.chunked(b"abc", 2) == b"2\r\nab\r\n1\r\nc\r\n0\r\n\r\n"
 
 
@@ -69,7 +69,7 @@ def test_answers_must_not_tell_what_stands_behind_the_router() -> None:
     assert judge(case, ok, True, 0.1, ["127.0.0.1:9"]).problems == []
     leaky = resp(502, [("x-routed-to", "a")], b"upstream http://127.0.0.1:9 failed\nTraceback")
     o = judge(case, leaky + ok, True, 0.1, ["127.0.0.1:9"])
-    assert set(o.problems) == {"2 answers to one request", "routing header x-routed-to",
+    assert set(o.problems) == {"routing header x-routed-to",
                                "a traceback in the answer", "an engine's address in the answer"}
     assert o.status == "502" and not o.met
 
@@ -102,10 +102,9 @@ def test_the_body_size_cases_sit_where_they_say() -> None:
 
 def test_probes_are_checked_at_the_engine() -> None:
     probes = {c.name: c for c in C.headers(CTX) if c.probe is not None}
-    xff = probes["X-Forwarded-For named in Connection"]
-    assert C.check_probe(xff, {xff.probe: {"headers": [["X-Forwarded-For", "127.0.0.1"]],
-                                           "cache_salt": None}}) == []
-    assert C.check_probe(xff, {}) == ["did not reach an engine"]
+    salted = probes["the salt header named in Connection still salts"]
+    assert C.check_probe(salted, {salted.probe: {"headers": [], "cache_salt": "tenant-c"}}) == []
+    assert C.check_probe(salted, {}) == ["did not reach an engine"]
     salt = probes["the gateway's salt replaces the body's"]
     rec = {"headers": [["x-cache-salt", "tenant-a"]], "cache_salt": "tenant-b"}
     assert C.check_probe(salt, {salt.probe: rec}) == ["cache_salt at the engine: 'tenant-b'"]
@@ -123,8 +122,7 @@ def test_the_faults_load_is_judged_by_what_the_tap_saw() -> None:
     j = judge_load(results, allowed={2, 3})
     assert (j["hung"]["whole"], j["hung"]["allowed"], j["hung"]["failed"]) == (1, 2, 1)
     assert j["hung"]["five_xx"] == 1 and j["back"] == {
-        "sent": 1, "whole": 0, "allowed": 0, "failed": 1, "five_xx": 0,
-        "statuses": {"ClientOSError": 1}}
+        "whole": 0, "allowed": 0, "failed": 1, "five_xx": 0, "statuses": {"ClientOSError": 1}}
 
 
 ROUND: dict[str, Any] = {
@@ -135,14 +133,13 @@ ROUND: dict[str, Any] = {
     "faults": {"engine hung": {"seen_s": 1.0, "back_s": 2.0},
                "engine killed": {"seen_s": 0.2, "back_s": 1.0}},
     "load": judge_load([{"rid": 1, "phase": "p", "status": "200", "whole": True}], set()),
-    "drained_s": 0.1, "redis_lost": None, "errors": [],
     "healthz": {"n": 9, "failures": 0, "p50_ms": 1.0, "p99_ms": 9.0, "max_ms": 9.0,
                 "most_fds": 900},
-    "router": {"before": {"rss_mb": 60, "fds": 30}, "alive_at_end": True, "exit_code": 0,
+    "router": {"before": {"rss_mb": 60, "fds": 30},
                "after": {"rss_mb": 90, "peak_rss_mb": 100, "fds": 40}},
     "index": {"entries": 10, "bound": 100},
     "log": {"lines": 3, "tracebacks": 0, "error_lines": 0, "first_errors": [],
-            "prompt_marker": 0, "tag_marker": 0},
+            "markers": 0},
 }
 
 
@@ -155,9 +152,8 @@ def test_the_bars() -> None:
     failed = [b for b, _m, ok, must in bars(bad) if must and not ok]
     assert failed == ["no 5xx answered to the attack", "no traceback in the router's log",
                       "router peak RSS within 512 MB (the CRD's memory limit)"]
-    bad["faults"].pop("engine killed")
-    assert not dict((b, ok) for b, _m, ok, _ in bars(bad))[next(
-        b for b, *_ in bars(bad) if b.startswith("faults"))]
+    bad["load"]["p"]["failed"] = 1
+    assert [b for b, _m, ok, _must in bars(bad) if b.startswith("faults") and not ok]
     assert "| **must** no 5xx answered to the attack | **no**: 1 of 2 |" in render(
         [bad], {"command": "c", "machine": "m", "host": "h", "version": "v"})
 
