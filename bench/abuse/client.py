@@ -63,8 +63,8 @@ async def exchange(port: int, case: Case) -> tuple[bytes, bool, float]:
         while data := await reader.read(2**16):
             raw += data
             a = first_answer(raw)
-            if a and (a.whole if case.until == "reply" else case.until == "first-body-byte"
-                      and a.body):
+            if a and ((case.until == "reply" and a.whole) or
+                      (case.until == "first-body-byte" and a.body)):
                 return
         closed = True
 
