@@ -1,98 +1,52 @@
-"""A recording, fault-injecting HTTP proxy in front of each engine simulator, in a process of
-its own: `python -m bench.abuse.tap --control PORT --pair LISTEN=UPSTREAM ...`.
-
-The router's side of the wire is what the abuse run checks: which headers and which
-`cache_salt` reached an engine, and which requests an engine took when it hung or died.
-The simulators cannot say, so every one sits behind this tap, which passes requests through
-and records, per backend, the request ids (`rid-N` in a prompt) it saw, held or cut, and the
-headers of header probes (`hdrprobe-N`).
-
-Faults it makes (POST /hang/<i>, /unhang/<i> on the control port): a hung engine, whose
-/health still answers while every request it takes waits forever (a stream gets its status
-line first, as vLLM sends it). An engine killed for real (its simulator SIGKILLed by the
-bench) is mirrored as the router would see it: no connection (the tap aborts it unanswered),
-and a request in flight cut off.
-"""
+"""Processes beside the router, apart from the attacking one. `LISTEN=UPSTREAM ...`: a proxy in
+front of each engine simulator, recording what reached the engine (ids `rid-N`: taken, held
+while hung, cut; headers and cache_salt of `hdrprobe-N`; GET /_tap/records), and hanging it on
+demand (POST /_tap/hang, /_tap/unhang): its /health answers, requests wait forever (a stream
+gets its status line first, as vLLM's). `--probe URL`: GET URL/healthz every 50 ms, a
+line each (seconds, ok): the attacker's own CPU cannot delay a probe."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
 import re
-from collections.abc import Iterable
+import sys
+import time
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-RID = re.compile(rb"rid-(\d+)")
-PROBE = re.compile(rb"hdrprobe-(\d+)")
-_HOP = frozenset(("host", "content-length", "transfer-encoding", "connection", "keep-alive"))
-_BACK = ("Content-Type",)
+RID, PROBE = re.compile(rb"rid-(\d+)"), re.compile(rb"hdrprobe-(\d+)")
+HOP = ("host", "content-length", "transfer-encoding", "connection", "keep-alive")
 
 
-class Backend:
-    """One simulator behind the tap, and what the tap saw of its traffic."""
-
-    def __init__(self, upstream: str) -> None:
-        self.upstream = upstream
-        self.hung = False
-        self.seen: list[int] = []
-        self.held: list[int] = []
-        self.cut: list[int] = []
-        self.probes: dict[int, dict[str, object]] = {}
-
-
-def rid_of(body: bytes) -> int | None:
-    m = RID.search(body)
-    return int(m.group(1)) if m else None
-
-
-def _json(body: bytes) -> dict[str, object]:
-    with contextlib.suppress(ValueError):
-        if isinstance(parsed := json.loads(body), dict):
-            return parsed
-    return {}
-
-
-def probe_record(headers: Iterable[tuple[str, str]], body: bytes) -> dict[str, object] | None:
-    """What a header probe brought to the engine: its headers (every one, in order, repeats
-    kept) and the body's cache_salt."""
-    m = PROBE.search(body)
-    return None if not m else {"id": int(m.group(1)), "headers": [[k, v] for k, v in headers],
-                               "cache_salt": _json(body).get("cache_salt")}
-
-
-def is_stream(body: bytes) -> bool:
-    return _json(body).get("stream") is True
-
-
-def make_app(b: Backend, session: aiohttp.ClientSession) -> web.Application:
+def proxy(b: dict[str, Any], session: aiohttp.ClientSession) -> web.Application:
+    """`b`: what the tap saw of one engine's traffic (its records), and whether it hangs."""
     async def handle(request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        rid = rid_of(body) if request.method == "POST" else None
-        if rid is not None:
-            b.seen.append(rid)
-        probe = probe_record(request.headers.items(), body) if request.method == "POST" else None
-        if probe is not None:
-            b.probes[int(probe["id"])] = probe  # type: ignore[call-overload]
-        if b.hung and request.path.startswith("/v1/"):
-            if rid is not None:
-                b.held.append(rid)
-            if is_stream(body):
+        rid, doc = int(m[1]) if (m := RID.search(body)) else None, {}
+        with contextlib.suppress(ValueError, AttributeError):
+            doc = dict(json.loads(body).items())
+        b["seen"] += [rid] if rid is not None else []
+        if m := PROBE.search(body):
+            b["probes"][int(m[1])] = {"headers": [[k, v] for k, v in request.headers.items()],
+                                      "cache_salt": doc.get("cache_salt")}
+        if b["hung"] and request.path.startswith("/v1/"):
+            b["held"] += [rid] if rid is not None else []
+            if doc.get("stream") is True:
                 await web.StreamResponse(headers={"Content-Type": "text/event-stream"}).prepare(
                     request)
             await asyncio.Event().wait()  # until the router gives up (handler cancelled)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
-        started: web.StreamResponse | None = None
+        started = None
         try:
-            async with session.request(request.method, b.upstream + request.path_qs,
-                                       data=body or None, headers=headers) as up:
+            async with session.request(request.method, b["upstream"] + request.path_qs,
+                                       data=body or None, headers={
+                    k: v for k, v in request.headers.items() if k.lower() not in HOP}) as up:
                 started = web.StreamResponse(status=up.status, headers={
-                    k: up.headers[k] for k in _BACK if k in up.headers})
-                if up.content_length is not None:
-                    started.content_length = up.content_length
+                    k: up.headers[k] for k in ("Content-Type",) if k in up.headers})
+                started.content_length = up.content_length  # None: chunked, as the engine's
                 await started.prepare(request)
                 async for chunk in up.content.iter_any():
                     await started.write(chunk)
@@ -100,65 +54,47 @@ def make_app(b: Backend, session: aiohttp.ClientSession) -> web.Application:
                 return started
         except (aiohttp.ClientError, OSError) as exc:
             if rid is not None and not isinstance(exc, aiohttp.ClientConnectorError):
-                b.cut.append(rid)
+                b["cut"].append(rid)
             if request.transport is not None:  # unanswered: how a dead engine looks
                 request.transport.abort()
             return started or web.Response(status=502)
 
+    async def control(request: web.Request) -> web.Response:  # POST hang, unhang; GET records
+        if request.method == "POST":
+            b["hung"] = request.match_info["what"] == "hang"
+        return web.json_response(b)
+
     app = web.Application(client_max_size=64 * 2**20)
+    app.router.add_route("*", "/_tap/{what}", control)
     app.router.add_route("*", "/{tail:.*}", handle)
     return app
 
 
-def control_app(backends: list[Backend]) -> web.Application:
-    async def hang(request: web.Request) -> web.Response:
-        backends[int(request.match_info["i"])].hung = request.match_info["what"] == "hang"
-        return web.json_response({"ok": True})
-
-    async def records(request: web.Request) -> web.Response:
-        return web.json_response([{"upstream": b.upstream, "hung": b.hung, "seen": b.seen,
-                                   "held": b.held, "cut": b.cut, "probes": b.probes}
-                                  for b in backends])
-
-    app = web.Application()
-    app.router.add_post("/{what:hang|unhang}/{i:\\d+}", hang)
-    app.router.add_get("/records", records)
-    app.router.add_get("/health", lambda r: asyncio.sleep(0, web.json_response({})))
-    return app
-
-
-async def serve(control: int, pairs: list[tuple[int, str]]) -> None:
-    session = aiohttp.ClientSession(
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=2),
-        connector=aiohttp.TCPConnector(limit=0), auto_decompress=False,
-        skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"))
-    backends = [Backend(up) for _port, up in pairs]
-    runners = []
-    for (port, _up), b in zip(pairs, backends, strict=True):
-        r = web.AppRunner(make_app(b, session), handler_cancellation=True, access_log=None)
-        await r.setup()
-        await web.TCPSite(r, "127.0.0.1", port, backlog=1024).start()
-        runners.append(r)
-    r = web.AppRunner(control_app(backends), access_log=None)
-    await r.setup()
-    await web.TCPSite(r, "127.0.0.1", control).start()
-    try:
+async def tap(pairs: list[str]) -> None:
+    async with aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=2),
+            connector=aiohttp.TCPConnector(limit=0), auto_decompress=False,
+            skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type")) as session:
+        for port, upstream in (p.split("=", 1) for p in pairs):
+            runner = web.AppRunner(proxy({"upstream": upstream, "hung": False, "seen": [], "held": [
+                ], "cut": [], "probes": {}}, session), handler_cancellation=True, access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", int(port), backlog=1024).start()
         await asyncio.Event().wait()
-    finally:
-        for r in runners:
-            await r.cleanup()
-        await session.close()
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.abuse.tap", description=__doc__)
-    p.add_argument("--control", type=int, required=True)
-    p.add_argument("--pair", action="append", required=True, metavar="PORT=UPSTREAM_URL")
-    args = p.parse_args()
-    pairs = [(int(port), up) for port, up in (x.split("=", 1) for x in args.pair)]
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.control, pairs))
+async def probe(url: str) -> None:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as s:
+        while True:
+            t0, ok = time.monotonic(), False
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
+                async with s.get(url + "/healthz", timeout=aiohttp.ClientTimeout(5)) as r:
+                    ok = r.status == 200 and bool(await r.read())
+            took = time.monotonic() - t0
+            print(f"{took:.6f} {int(ok)}", flush=True)
+            await asyncio.sleep(max(0.0, 0.05 - took))
 
 
 if __name__ == "__main__":
-    main()
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(probe(sys.argv[2]) if sys.argv[1] == "--probe" else tap(sys.argv[1:]))
