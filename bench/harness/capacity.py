@@ -1,5 +1,5 @@
-"""The capacity rule: one simulated replica holds at most a quarter of a workload's working set
-and the fleet all of it, so routing has to matter. A run that breaks it says so and runs."""
+"""The working set a fleet must hold to serve a workload's reuse, and the capacity rule: one
+simulated replica holds at most a quarter of it and the fleet all of it, so routing matters."""
 
 import math
 from collections import Counter
@@ -15,8 +15,8 @@ from .shapes import Shape
 from .workloads import BYTES_PER_TOKEN, WORKLOADS, Session, Workload, messages_for, session_starts
 
 PROFILE = "llama-3.1-70b-h100"
-# multi-turn's capacity per replica as a share of its modelled working set, a lower bound:
-# measured turns took 1.2-1.5x as long, so one replica holds under a quarter of the real one.
+# A replica's share of multi-turn's modelled working set (a lower bound: measured turns took
+# 1.2-1.5x as long): under a quarter of the real one.
 MULTI_TURN_KV_SHARE = 0.22
 # A turn sent: (when, conversation, its persona, the persona's tokens, the conversation's other
 # tokens from then on, whether it is the conversation's last turn).
@@ -43,8 +43,8 @@ def persona_tokens(session: Session) -> int:
 
 
 def live_peak(turns: Iterable[LiveTurn]) -> int:
-    """The peak of the distinct tokens of the conversations live at once (from their first
-    turn's send to their last's), each persona counted once however many use it."""
+    """The peak of the distinct tokens of the conversations live at once (first turn's send to
+    last's), each persona counted once."""
     live: dict[int, int] = {}  # conversation -> its own tokens now
     personas: Counter[str] = Counter()  # persona -> live conversations using it
     total = peak = 0
@@ -111,8 +111,8 @@ def kv_capacity(wl: Workload, working_set_tokens: int, block_size: int = 16) -> 
 
 
 def measured_working_set(wl: Workload, results: Sequence[Result]) -> int | None:
-    """A multi-turn run's working set as sent: live_peak() over the turns' send times, each
-    holding the tokens its engine reported. None for single-turn sessions."""
+    """A multi-turn run's working set as it was sent: the tokens its engines reported at the
+    turns' real send times (the check on run_working_set). None for single-turn sessions."""
     if all(len(s.turns) <= 1 for s in wl.sessions):
         return None
     last: dict[int, int] = {}

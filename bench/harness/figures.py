@@ -1,6 +1,5 @@
-"""The figures of one measured step: the client's (of the requests the step sent) beside the
-engines' (counter deltas between two snapshots of the simulators' /stats), and of a timeline
-(the engines sampled every few seconds while something happens to the fleet). Pure."""
+"""The figures of a step: the client's (of the requests it sent) beside the engines' (counter
+deltas between snapshots of their /stats); and of a timeline of such windows. Pure."""
 
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -18,8 +17,8 @@ def _delta(after: Snapshot, before: Snapshot, key: str) -> list[int]:
 
 
 def carried(snap: Snapshot, k: int, before_restart: Mapping[str, Any]) -> Snapshot:
-    """`snap` with simulator k's counters and TTFT samples from before its restart added to
-    the new process's, which start at 0: its deltas over the run are then whole."""
+    """`snap` with simulator k's counters from before its restart added to the new process's
+    (which start at 0), so its deltas over the run are whole."""
     stats = [dict(s) for s in snap["stats"]]
     mine = stats[k]
     for key in RESTART_KEPT:
@@ -74,8 +73,7 @@ def step_figures(log: RunLog, before: Snapshot, after: Snapshot,
 
 def router_figures(after: Mapping[str, Any], before: Mapping[str, Any], sent: int,
                    redis_calls: int | None) -> dict[str, Any]:
-    """Our routers' view over the step (engines.router_figures before and after): decisions by
-    reason, predicted and reported hit rates (index drift) and, with Redis, its load."""
+    """Our routers' view of the step (engines.router_figures before and after it)."""
 
     def d(name: str) -> float:
         return after["counters"].get(name, 0.0) - before["counters"].get(name, 0.0)

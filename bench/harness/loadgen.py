@@ -33,10 +33,8 @@ class Result:
 class RunLog:
     results: list[Result] = field(default_factory=list)
     sent: list[list[dict[str, str]]] = field(default_factory=list)  # messages, in send order
-    # each request's answer, "" where none came whole (the oracle replays answers too)
-    answers: list[str] = field(default_factory=list)
-    # turns of the sessions started, sent or not (a conversation stops at a failed turn)
-    planned: int = 0
+    answers: list[str] = field(default_factory=list)  # of each sent, "" where none came whole
+    planned: int = 0  # turns of the sessions started (a conversation stops at a failed turn)
     started: float = 0.0
     finished: float = 0.0
 
@@ -65,7 +63,7 @@ class _Event(msgspec.Struct):
     error: _Error | None = None  # a router ends a stream its engine cut with one
 
 
-# Only the fields read here are built; not strict: a number sent as a string or float passes.
+# Only the fields read are built. Not strict: a number sent as a string or float passes.
 _EVENT = msgspec.json.Decoder(_Event, strict=False)
 _DONE = b"[DONE]"
 
@@ -103,8 +101,7 @@ def _ends_done(buf: bytearray) -> bool:
 
 
 def _read_events(raw: bytes, api: str) -> tuple[bool, str, _Usage | None, str]:
-    """(whether the stream ended with [DONE], the answer, the usage reported, the message of an
-    error event in it: "" if none, else the answer is not whole)."""
+    """(whether the stream ended with [DONE], the answer, the usage, an error event's message)."""
     parts: list[str] = []
     usage = None
     error = ""
@@ -173,9 +170,8 @@ async def run_load(workload: Workload, targets: list[str], model: str, rate: flo
                    drain_timeout: float = 120.0, progress: bool = True,
                    session_header: str | None = None, session_id_offset: int = 0,
                    api: str = "chat", shape: Shape | None = None) -> RunLog:
-    """Send `workload` at `rate` requests/s for `seconds` (over the run: `shape`), round-robin
-    over `targets` a request (as a Service spreads connections), with `session_header`: the
-    session's index + `session_id_offset`."""
+    """Send `workload` at `rate` requests/s (times the `shape`) for `seconds`, round-robin over
+    `targets` a request as a Service spreads connections. `api` "completions": the prompt."""
     log = RunLog()
     starts = session_starts(workload, rate, seconds, seed, shape)
     next_target = itertools.cycle(targets)
@@ -186,11 +182,10 @@ async def run_load(workload: Workload, targets: list[str], model: str, rate: flo
             hdrs = {session_header: str(session_id_offset + idx)} if session_header else None
             for t, turn in enumerate(s.turns):
                 msgs = messages_for(s, t, answers)
-                target = next(next_target)
                 sent = len(log.sent)
                 log.sent.append(msgs)
                 log.answers.append("")
-                res, answer = await _one(http, target, model, msgs, turn.max_tokens,
+                res, answer = await _one(http, next(next_target), model, msgs, turn.max_tokens,
                                          request_timeout, hdrs, api)
                 res.session, res.turn = idx, t
                 log.results.append(res)

@@ -1,5 +1,4 @@
-"""Figures of a run (percentiles, imbalance) and of a point's repeated runs (medians, spreads,
-per-round ratios). Pure."""
+"""Figures of a run (percentiles, imbalance) and of a point's repeats (medians, spreads). Pure."""
 
 import math
 import statistics
@@ -62,18 +61,13 @@ def merge(vals: Sequence[Any]) -> Any:
     return vals[0]
 
 
-def aggregate(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The figures of one point over its repeats, each field merged."""
-    return dict(runs[0]) if len(runs) == 1 else {k: merge([r.get(k) for r in runs])
-                                                  for k in runs[0]}
-
-
 def point_row(head: Mapping[str, Any], runs: Sequence[Mapping[str, Any]],
               stamp: Mapping[str, Any]) -> dict[str, Any]:
-    """One point's JSON: `head`, the figures aggregated over `runs`, `stamp`; with more than
-    one repeat, `repeats` and the repeats themselves under `runs`."""
+    """One point's JSON: `head`, each figure merged over `runs` (its repeats), `stamp`; with
+    more than one repeat, `repeats` and the repeats themselves under `runs`."""
     figs = [{k: v for k, v in r.items() if k not in ("repeat", "measured_at")} for r in runs]
-    row = {**head, **aggregate(figs), **stamp, "measured_at": runs[-1]["measured_at"]}
+    merged = {k: merge([f.get(k) for f in figs]) for k in figs[0]} if len(figs) > 1 else figs[0]
+    row = {**head, **merged, **stamp, "measured_at": runs[-1]["measured_at"]}
     more = {"repeats": len(runs), "runs": [dict(r) for r in runs]} if len(runs) > 1 else {}
     return {**row, **more}
 
@@ -96,8 +90,7 @@ def beats(a: Mapping[str, Any], b: Mapping[str, Any], key: str, high: bool) -> b
 
 
 def tied(a: Mapping[str, Any], b: Mapping[str, Any], key: str) -> bool:
-    """The spreads overlap and one is a spread: noise cannot tell them apart (equal single
-    values are not a tie)."""
+    """The spreads overlap, one of more than one repeat: noise cannot tell them apart."""
     if a.get("repeats", 1) <= 1 and b.get("repeats", 1) <= 1:
         return False
     sa, sb = spread(a, key), spread(b, key)

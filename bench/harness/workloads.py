@@ -1,6 +1,5 @@
 """Benchmark workloads: deterministic request sequences with known prefix sharing. Text is
-seeded pseudo-words, so every run sends the same bytes; sizes are in tokens of the simulator's
-tokenizer (4 bytes each)."""
+seeded pseudo-words, so every run sends the same bytes; sizes are in 4-byte tokens."""
 
 import bisect
 import itertools
@@ -8,6 +7,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from .shapes import Shape
 
@@ -35,12 +35,9 @@ class Turn:
 
 @dataclass(slots=True)
 class Session:
-    """One conversation: each turn carries the whole history (the load generator appends the
-    answers). `group`: the distinct prefix it belongs to."""
-
     system: str | None
-    turns: list[Turn]
-    group: str = ""
+    turns: list[Turn]  # each carries the whole history (the load generator adds the answers)
+    group: str = ""  # the distinct prefix it belongs to
 
 
 @dataclass(slots=True)
@@ -81,13 +78,6 @@ def customers(count: int, seed: int = 2, context: int = 6000, query: int = 1200,
     sessions = [Session(contexts[c], [Turn(queries[c][u], rng.randint(64, 256))], f"c{c}")
                 for c, u in ((rng.randrange(150), rng.randrange(5)) for _ in range(count))]
     return Workload(name, sessions, 150 * context + 750 * query)
-
-
-def llm_d(count: int, seed: int = 2) -> Workload:
-    """customers sized in the tiny tokenizer's tokens: engines in tokenizer mode see llm-d's
-    6,000-token contexts and 1,200-token queries exactly."""
-    return customers(count, seed, round(6000 / TINY_IDS_PER_TOKEN),
-                     round(1200 / TINY_IDS_PER_TOKEN), "llm-d")
 
 
 def multi_turn(count: int, seed: int = 3) -> Workload:
@@ -132,11 +122,8 @@ def few_prompts(count: int, seed: int = 6) -> Workload:
 
 @dataclass(frozen=True)
 class Spec:
-    """A workload as the harness runs it. `kv_capacity`: tokens per simulated replica (None:
-    from the working set, capacity.kv_capacity); `rates`: `bench compare`'s staircase."""
-
     make: Callable[..., Workload]
-    kv_capacity: int | None
+    kv_capacity: int | None  # tokens a simulated replica holds; None: capacity.kv_capacity
     rates: tuple[float, ...] = (8.0, 16.0, 24.0, 32.0)
     compared: bool = True  # in `bench compare`'s workloads
 
@@ -149,8 +136,11 @@ WORKLOADS: dict[str, Spec] = {
     "multi-turn": Spec(multi_turn, None),
     "hotspot": Spec(hotspot, 24_000),
     "unique": Spec(unique, 32_000),
-    # llm-d's instances held 307,328 tokens each (in the tiny tokenizer's tokens)
-    "llm-d": Spec(llm_d, round(307_328 / TINY_IDS_PER_TOKEN), (5.0, 10.0, 15.0, 20.0), False),
+    # customers as llm-d ran it, in the tiny tokenizer's tokens (engines in tokenizer mode see
+    # its 6,000-token contexts, 1,200-token queries, 307,328 tokens of KV an instance exactly)
+    "llm-d": Spec(partial(customers, context=round(6000 / TINY_IDS_PER_TOKEN),
+                          query=round(1200 / TINY_IDS_PER_TOKEN), name="llm-d"),
+                  round(307_328 / TINY_IDS_PER_TOKEN), (5.0, 10.0, 15.0, 20.0), False),
 }
 # few-prompts is the real-engine scenario's only (bench/harness/llama.py)
 SCENARIO_WORKLOADS: dict[str, Spec] = {"few-prompts": Spec(few_prompts, None)}
@@ -166,9 +156,8 @@ def build(name: str, count: int, seed: int | None = None) -> Workload:
 def messages_for(session: Session, turn: int, answers: list[str]) -> list[dict[str, str]]:
     """The chat messages of turn `turn`, given the answers to the earlier turns."""
     msgs = [{"role": "system", "content": session.system}] if session.system is not None else []
-    for i in range(turn):
-        msgs.append({"role": "user", "content": session.turns[i].user})
-        msgs.append({"role": "assistant", "content": answers[i]})
+    for t, answer in zip(session.turns[:turn], answers, strict=False):
+        msgs += [{"role": "user", "content": t.user}, {"role": "assistant", "content": answer}]
     msgs.append({"role": "user", "content": session.turns[turn].user})
     return msgs
 
