@@ -115,9 +115,7 @@ def measured_working_set(wl: Workload, results: Sequence[Result]) -> int | None:
     turns' real send times (the check on run_working_set). None for single-turn sessions."""
     if all(len(s.turns) <= 1 for s in wl.sessions):
         return None
-    last: dict[int, int] = {}
-    for r in results:
-        last[r.session] = max(last.get(r.session, -1), r.turn)
+    last = {r.session: r.turn for r in sorted(results, key=lambda r: r.turn)}
     turns: list[LiveTurn] = []
     for r in results:
         s = wl.sessions[r.session]

@@ -8,7 +8,6 @@ from .loadgen import Result, RunLog
 from .stats import imbalance, ms, percentile, percentiles_ms, ratio
 
 Snapshot = Mapping[str, Any]  # {"t": perf_counter, "stats": [each simulator's /stats]}
-RESTART_KEPT = ("requests", "prompt_tokens", "cached_tokens", "generation_tokens", "preemptions")
 
 
 def _delta(after: Snapshot, before: Snapshot, key: str) -> list[int]:
@@ -21,7 +20,7 @@ def carried(snap: Snapshot, k: int, before_restart: Mapping[str, Any]) -> Snapsh
     (which start at 0), so its deltas over the run are whole."""
     stats = [dict(s) for s in snap["stats"]]
     mine = stats[k]
-    for key in RESTART_KEPT:
+    for key in ("requests", "prompt_tokens", "cached_tokens", "generation_tokens", "preemptions"):
         mine[key] = int(mine.get(key, 0)) + int(before_restart.get(key, 0))
     mine["ttft_s"] = [*before_restart.get("ttft_s", ()), *mine.get("ttft_s", ())]
     return {**snap, "stats": stats}
@@ -85,8 +84,7 @@ def router_figures(after: Mapping[str, Any], before: Mapping[str, Any], sent: in
                                            d("prefix_router_prompt_tokens_total")),
         "engine_reported_hit_rate": ratio(d("prefix_router_reported_cached_tokens_total"),
                                           d("prefix_router_reported_prompt_tokens_total")),
-        # answers whose cached tokens missed the prediction by a block or more (over: the
-        # engine held less), and the mean |predicted - reported| tokens
+        # answers whose cached tokens missed the prediction by a block or more (over: less)
         "index_corrections_over": int(d(
             'prefix_router_index_corrections_total{direction="over"}')),
         "index_corrections_under": int(d(
@@ -96,8 +94,7 @@ def router_figures(after: Mapping[str, Any], before: Mapping[str, Any], sent: in
             d("prefix_router_cache_prediction_error_tokens_count"), 1),
     }
     if redis_calls is not None and sent:
-        # round trips caused by requests (lookups, flushes) and by timers; commands include
-        # those in Lua scripts; slow lookups: over budget, routed on the local table
+        # slow lookups: over the budget, routed on the local table
         out.update({f"redis_{k}": round(v / sent, 4) for k, v in (
             ("round_trips_per_request", d('prefix_router_store_round_trips{kind="request"}')),
             ("timer_round_trips_per_request", d('prefix_router_store_round_trips{kind="timer"}')),

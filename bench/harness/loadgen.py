@@ -69,9 +69,12 @@ _DONE = b"[DONE]"
 
 
 def _content(event: _Event, api: str) -> str:
-    if api == "completions":
-        return "".join(ch.text or "" for ch in event.choices or ())
-    return "".join(ch.delta.content or "" for ch in event.choices or () if ch.delta)
+    out = ""
+    for ch in event.choices or ():
+        piece = ch.text if api == "completions" else (ch.delta.content if ch.delta else None)
+        if piece:
+            out += piece
+    return out
 
 
 def _data(line: bytes) -> bytes | None:
@@ -105,11 +108,12 @@ def _read_events(raw: bytes, api: str) -> tuple[bool, str, _Usage | None, str]:
     parts: list[str] = []
     usage = None
     error = ""
-    for data in map(_data, raw.split(b"\n")):
-        if data == _DONE:
-            return True, "".join(parts), usage, error
+    for line in raw.split(b"\n"):
+        data = _data(line)
         if data is None:
             continue
+        if data == _DONE:
+            return True, "".join(parts), usage, error
         event = _EVENT.decode(data)
         if event.error is not None:
             error = event.error.message or "error event"
