@@ -164,9 +164,8 @@ def messages_for(session: Session, turn: int, answers: list[str]) -> list[dict[s
 
 def session_starts(workload: Workload, rate: float, seconds: float, seed: int = 7,
                    shape: Shape | None = None) -> list[float]:
-    """Session start times (s): Poisson at `rate` requests/s over the mean turns a session,
-    thinned to the `shape` (shapes.py), cut at `seconds`. The load generator sends by it and
-    capacity.working_set() is computed over it."""
+    """Session start times: Poisson at `rate` requests/s over the mean turns a session, thinned
+    to the `shape`, cut at `seconds`; run_load and capacity.working_set() both read them."""
     rng = random.Random(seed)
     avg_turns = sum(len(s.turns) for s in workload.sessions) / max(1, len(workload.sessions))
     peak = shape.peak if shape else 1.0
