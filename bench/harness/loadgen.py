@@ -175,7 +175,8 @@ async def run_load(workload: Workload, targets: list[str], model: str, rate: flo
                    session_header: str | None = None, session_id_offset: int = 0,
                    api: str = "chat", shape: Shape | None = None) -> RunLog:
     """Send `workload` at `rate` requests/s (times the `shape`) for `seconds`, round-robin over
-    `targets` a request as a Service spreads connections. `api` "completions": the prompt."""
+    `targets` a request as a Service spreads connections; `session_header`: one id a session
+    (its index + `session_id_offset`); `api` "completions": the rendered prompt."""
     log = RunLog()
     starts = session_starts(workload, rate, seconds, seed, shape)
     next_target = itertools.cycle(targets)
