@@ -51,7 +51,8 @@ class Workload:
 
 def _zipf(n: int, rng: random.Random) -> Callable[[], int]:
     weights = [1.0 / (k**1.1) for k in range(1, n + 1)]
-    cum = list(itertools.accumulate(w / sum(weights) for w in weights))
+    total = sum(weights)
+    cum = list(itertools.accumulate(w / total for w in weights))
     return lambda: min(bisect.bisect(cum, rng.random()), n - 1)
 
 
