@@ -1,8 +1,5 @@
-"""The figures of one measured step: the client's (TTFT, e2e, errors: requests the step sent)
-beside the engines' (hit rate, admissions, their own TTFT, output rate: counter deltas between
-two snapshots of the simulators' /stats). Pure."""
-
-from __future__ import annotations
+"""The figures of a step: the client's (of the requests it sent) beside the engines' (counter
+deltas between snapshots of their /stats); and of a timeline of such windows. Pure."""
 
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -18,65 +15,53 @@ def _delta(after: Snapshot, before: Snapshot, key: str) -> list[int]:
             for a, b in zip(after["stats"], before["stats"], strict=True)]
 
 
-RESTART_KEPT = ("requests", "prompt_tokens", "cached_tokens", "generation_tokens", "preemptions")
-
-
 def carried(snap: Snapshot, k: int, before_restart: Mapping[str, Any]) -> Snapshot:
-    """`snap` with simulator k's counters (and TTFT samples) from before its restart added
-    to those of the new process, which start at 0: its deltas over the run are then whole."""
+    """`snap` with simulator k's counters from before its restart added to the new process's
+    (which start at 0), so its deltas over the run are whole."""
     stats = [dict(s) for s in snap["stats"]]
     mine = stats[k]
-    for key in RESTART_KEPT:
+    for key in ("requests", "prompt_tokens", "cached_tokens", "generation_tokens", "preemptions"):
         mine[key] = int(mine.get(key, 0)) + int(before_restart.get(key, 0))
     mine["ttft_s"] = [*before_restart.get("ttft_s", ()), *mine.get("ttft_s", ())]
     return {**snap, "stats": stats}
 
 
-def _new_ttfts(after: Snapshot, before: Snapshot) -> list[float]:
-    """The engines' own TTFTs (arrival to first token) observed between the snapshots."""
-    return [t for a, b in zip(after["stats"], before["stats"], strict=True)
-            for t in a.get("ttft_s", ())[len(b.get("ttft_s", ())):]]
-
-
 def step_figures(log: RunLog, before: Snapshot, after: Snapshot,
                  step_end: Snapshot | None = None) -> dict[str, Any]:
-    """One step: client figures of the requests it sent (`log`), engine figures between the
-    snapshots `before` and `after` (taken after the drain), and the engines' output rate
-    between `before` and `step_end` (default `after`)."""
+    """Client figures of `log`, engine figures between `before` and `after` (after the drain),
+    the engines' output rate between `before` and `step_end` (default `after`)."""
     end = step_end or after
     ok = [r for r in log.results if r.ok]
-    ttfts = [r.ttft for r in ok if r.ttft is not None]
     e2es = [r.e2e for r in ok if r.e2e is not None]
     prompt, cached = _delta(after, before, "prompt_tokens"), _delta(after, before, "cached_tokens")
     served = _delta(after, before, "requests")
-    engine = _new_ttfts(after, before)
+    # the engines' own TTFTs (arrival to first token) between the snapshots
+    engine = [t for a, b in zip(after["stats"], before["stats"], strict=True)
+              for t in a.get("ttft_s", ())[len(b.get("ttft_s", ())):]]
     window = end["t"] - before["t"]
     wall = log.finished - log.started
     out = {
         "requests_sent": len(log.sent),
         "requests_ok": len(ok),
         "errors": sum(1 for r in log.results if not r.ok),
-        # sent but not finished when the drain ended (their TTFT is left out)
-        "unfinished": len(log.sent) - len(log.results),
-        # later turns of conversations that stopped at a failed turn: never sent
-        "unsent": log.planned - len(log.sent),
+        "unfinished": len(log.sent) - len(log.results),  # when the drain ended
+        "unsent": log.planned - len(log.sent),  # turns after a failed turn
         "engine_hit_rate": ratio(sum(cached), sum(prompt)) or 0.0,
-        **percentiles_ms(ttfts),
+        **percentiles_ms([r.ttft for r in ok if r.ttft is not None]),
         "e2e_p50_ms": ms(percentile(e2es, 50)),
         "e2e_p99_ms": ms(percentile(e2es, 99)),
-        # the engines' arrival-to-first-token: the client's TTFT less router, network, client
+        # the client's TTFT less router, network and client
         **percentiles_ms(engine, "engine_ttft"),
         "engine_ttft_mean_ms": ms(sum(engine) / len(engine)) if engine else None,
         "throughput_rps": round(len(ok) / wall, 3) if wall > 0 else 0.0,
         "output_tokens_per_s": round(sum(_delta(end, before, "generation_tokens")) / window, 1)
         if window > 0 else 0.0,
         "imbalance": round(imbalance(served) or 0.0, 3),
-        # requests the engines preempted (recomputed later) for want of KV blocks
+        # requests preempted (recomputed later) for want of KV blocks
         "preemptions": sum(_delta(after, before, "preemptions")),
         "per_replica_requests": served,
         "per_replica_hit_rate": [ratio(c, p, 3) or 0.0
                                  for c, p in zip(cached, prompt, strict=True)],
-        # requests queued at the engines (not admitted) when the step ended
         "queued_at_end": sum(int(s.get("waiting", 0)) for s in end["stats"]),
         "first_errors": sorted({r.error for r in log.results if not r.ok})[:3],
     }
@@ -87,13 +72,10 @@ def step_figures(log: RunLog, before: Snapshot, after: Snapshot,
 
 def router_figures(after: Mapping[str, Any], before: Mapping[str, Any], sent: int,
                    redis_calls: int | None) -> dict[str, Any]:
-    """Our routers' own view over the step (engines.router_figures before and after): the
-    decisions by reason, the hit rate the router predicted beside the one the engines reported
-    (index drift) and, with Redis, the round trips and commands per request."""
-    c, b = after["counters"], before["counters"]
+    """Our routers' view of the step (engines.router_figures before and after it)."""
 
     def d(name: str) -> float:
-        return c.get(name, 0.0) - b.get(name, 0.0)
+        return after["counters"].get(name, 0.0) - before["counters"].get(name, 0.0)
 
     out: dict[str, Any] = {
         "decisions": {k: v - before["decisions"].get(k, 0.0)
@@ -102,8 +84,7 @@ def router_figures(after: Mapping[str, Any], before: Mapping[str, Any], sent: in
                                            d("prefix_router_prompt_tokens_total")),
         "engine_reported_hit_rate": ratio(d("prefix_router_reported_cached_tokens_total"),
                                           d("prefix_router_reported_prompt_tokens_total")),
-        # answers whose cached tokens differed from the prediction by a block or more (the
-        # engine held less: over; more: under), and the mean |predicted - reported| tokens
+        # answers whose cached tokens missed the prediction by a block or more (over: less)
         "index_corrections_over": int(d(
             'prefix_router_index_corrections_total{direction="over"}')),
         "index_corrections_under": int(d(
@@ -113,18 +94,13 @@ def router_figures(after: Mapping[str, Any], before: Mapping[str, Any], sent: in
             d("prefix_router_cache_prediction_error_tokens_count"), 1),
     }
     if redis_calls is not None and sent:
-        # round trips requests cause (lookups, write-back flushes) and timer-driven ones (load
-        # and figures exchanges); Redis's commands include those inside the Lua scripts; slow
-        # lookups: over the per-request budget, routed on the router's own local table
+        # slow lookups: over the budget, routed on the local table
         out.update({f"redis_{k}": round(v / sent, 4) for k, v in (
             ("round_trips_per_request", d('prefix_router_store_round_trips{kind="request"}')),
             ("timer_round_trips_per_request", d('prefix_router_store_round_trips{kind="timer"}')),
             ("commands_per_request", redis_calls),
             ("slow_lookup_share", d("prefix_router_store_slow_lookups")))})
     return out
-
-
-# A timeline: the engines sampled every few seconds while something happens to the fleet.
 
 
 def time_to_share(series: Sequence[Mapping[str, Any]], join_at: float,

@@ -1,16 +1,11 @@
-"""Open-loop load generator: Poisson session arrivals, streaming chat requests, TTFT per request.
-
-Each request is sent with `stream: true`; TTFT is the time to the first SSE event that carries
-content, e2e the time to `data: [DONE]`. Every request sent is logged in send order with the
-answer it got, so the oracle can replay exactly the same sequence.
-"""
-
-from __future__ import annotations
+"""Open-loop load generator: Poisson session arrivals, streaming requests, TTFT (to the first
+event with content) and e2e (to `data: [DONE]`) per request. Every request sent is logged in
+send order with its answer, so the oracle can replay exactly the same sequence."""
 
 import asyncio
+import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Literal
 
 import aiohttp
 import msgspec
@@ -29,11 +24,8 @@ class Result:
     ttft: float | None
     e2e: float | None
     ok: bool
-    status: int
     output_tokens: int
-    cached_tokens: int | None
     prompt_tokens: int | None
-    target: str
     error: str = ""
 
 
@@ -41,18 +33,10 @@ class Result:
 class RunLog:
     results: list[Result] = field(default_factory=list)
     sent: list[list[dict[str, str]]] = field(default_factory=list)  # messages, in send order
-    # The answer to each request sent (same order), "" where none came whole: the simulators
-    # cache a finished answer's blocks, so the oracle replays prompt and answer alike.
-    answers: list[str] = field(default_factory=list)
-    # Turns of the sessions started: those not in `sent` were never sent (a conversation
-    # stops at its first failed turn; the drain timeout cuts the rest).
-    planned: int = 0
+    answers: list[str] = field(default_factory=list)  # of each sent, "" where none came whole
+    planned: int = 0  # turns of the sessions started (a conversation stops at a failed turn)
     started: float = 0.0
     finished: float = 0.0
-
-
-# chat: messages to /v1/chat/completions; completions: their rendered prompt to /v1/completions
-Api = Literal["chat", "completions"]
 
 
 class _Part(msgspec.Struct):
@@ -64,14 +48,9 @@ class _Choice(msgspec.Struct):
     delta: _Part | None = None  # chat
 
 
-class _Details(msgspec.Struct):
-    cached_tokens: int | None = None
-
-
 class _Usage(msgspec.Struct):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
-    prompt_tokens_details: _Details | None = None
 
 
 class _Error(msgspec.Struct):
@@ -81,17 +60,15 @@ class _Error(msgspec.Struct):
 class _Event(msgspec.Struct):
     choices: list[_Choice] | None = None
     usage: _Usage | None = None
-    # an error event: a router ends a stream its engine cut with one (then [DONE])
-    error: _Error | None = None
+    error: _Error | None = None  # a router ends a stream its engine cut with one
 
 
-# Typed: only the fields read here are built (an event holds a dozen more). Not strict: a
-# number sent as a string or a float passes, as it did through the standard library's json.
+# Only the fields read are built. Not strict: a number sent as a string or float passes.
 _EVENT = msgspec.json.Decoder(_Event, strict=False)
 _DONE = b"[DONE]"
 
 
-def _content(event: _Event, api: Api) -> str:
+def _content(event: _Event, api: str) -> str:
     out = ""
     for ch in event.choices or ():
         piece = ch.text if api == "completions" else (ch.delta.content if ch.delta else None)
@@ -106,21 +83,18 @@ def _data(line: bytes) -> bytes | None:
     return line[5:].strip() if line.startswith(b"data:") else None
 
 
-def _first_content(buf: bytearray, start: int, api: Api) -> tuple[bool, int]:
+def _first_content(buf: bytearray, start: int, api: str) -> tuple[bool, int]:
     """(whether a data line from `start` on carries content, where the unread lines start)."""
-    while True:
-        nl = buf.find(b"\n", start)
-        if nl < 0:
-            return False, start
+    while (nl := buf.find(b"\n", start)) >= 0:
         data = _data(bytes(buf[start:nl]))
         start = nl + 1
         if data is not None and data != _DONE and _content(_EVENT.decode(data), api):
             return True, start
+    return False, start
 
 
 def _ends_done(buf: bytearray) -> bool:
-    """Whether the last complete line read is `data: [DONE]` (in any of its spellings: CRLF,
-    no space after the colon); what follows it is only the end of the body."""
+    """Whether the last complete line is `data: [DONE]` (CRLF or not, a space or not)."""
     end = len(buf)
     while end and buf[end - 1] in b"\r\n":
         end -= 1
@@ -129,9 +103,8 @@ def _ends_done(buf: bytearray) -> bool:
     return _data(bytes(buf[max(buf.rfind(b"\n", 0, end) + 1, end - 64) : end])) == _DONE
 
 
-def _read_events(raw: bytes, api: Api) -> tuple[bool, str, _Usage | None, str]:
-    """(whether the stream ended with [DONE], the answer's text, the usage it reported, the
-    message of an error event in it: "" if none, and the answer is then not whole)."""
+def _read_events(raw: bytes, api: str) -> tuple[bool, str, _Usage | None, str]:
+    """(whether the stream ended with [DONE], the answer, the usage, an error event's message)."""
     parts: list[str] = []
     usage = None
     error = ""
@@ -151,34 +124,27 @@ def _read_events(raw: bytes, api: Api) -> tuple[bool, str, _Usage | None, str]:
     return False, "".join(parts), usage, error
 
 
-async def _one(session_http: aiohttp.ClientSession, url: str, model: str,
-               msgs: list[dict[str, str]], max_tokens: int, timeout: float,
-               headers: dict[str, str] | None = None, api: Api = "chat") -> tuple[Result, str]:
+async def _one(http: aiohttp.ClientSession, url: str, model: str, msgs: list[dict[str, str]],
+               max_tokens: int, timeout: float, headers: dict[str, str] | None,
+               api: str) -> tuple[Result, str]:
     body: dict[str, object] = {"model": model, "max_tokens": max_tokens, "stream": True,
                                "stream_options": {"include_usage": True}, "temperature": 0}
     if api == "chat":
         body["messages"] = msgs
-        path = "/v1/chat/completions"
-    else:
-        # The prompt the simulator's chat template makes of these messages: the engine sees
-        # the same bytes either way, so a completions run is the same work as a chat run.
+    else:  # the prompt the simulator's chat template makes: the engine sees the same bytes
         body["prompt"] = render_chat(msgs)
-        path = "/v1/completions"
+    path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
     t0 = time.perf_counter()
-    res = Result(0, 0, t0, None, None, False, 0, 0, None, None, url)
-    answer = ""
+    res = Result(0, 0, t0, None, None, False, 0, None)
     try:
-        async with session_http.post(url + path, json=body, headers=headers,
-                                     timeout=aiohttp.ClientTimeout(total=timeout)) as r:
-            res.status = r.status
+        async with http.post(url + path, json=body, headers=headers,
+                             timeout=aiohttp.ClientTimeout(total=timeout)) as r:
             if r.status != 200:
                 res.error = (await r.text())[:200]
                 return res, ""
-            # The stream is read as the bytes come (one wake-up per read, not two line reads
-            # per event) and only up to its first content event is parsed on the way, as that
-            # stops the TTFT clock; the rest is parsed after the stream ends. So the client's
-            # own CPU delays what it measures as little as it can (15-20 us of CPU a streamed
-            # token under uvloop, bench/results/stream-cpu).
+            # Read as the bytes come (one wake-up a read) and parsed on the way only up to the
+            # first content, which stops the TTFT clock; the rest after the stream ends. So the
+            # client's own CPU delays what it measures as little as it can (stream-cpu).
             buf = bytearray()
             unread = 0
             async for chunk in r.content.iter_any():
@@ -197,8 +163,6 @@ async def _one(session_http: aiohttp.ClientSession, url: str, model: str,
     if usage is not None:
         res.prompt_tokens = usage.prompt_tokens
         res.output_tokens = usage.completion_tokens or 0
-        if usage.prompt_tokens_details is not None:
-            res.cached_tokens = usage.prompt_tokens_details.cached_tokens
     res.ok = done and res.ttft is not None and not error
     res.e2e = e2e if res.ok else None
     res.error = "" if res.ok else error or "stream ended without [DONE]"
@@ -209,29 +173,24 @@ async def run_load(workload: Workload, targets: list[str], model: str, rate: flo
                    seconds: float, *, seed: int = 7, request_timeout: float = 300.0,
                    drain_timeout: float = 120.0, progress: bool = True,
                    session_header: str | None = None, session_id_offset: int = 0,
-                   api: Api = "chat", shape: Shape | None = None) -> RunLog:
-    """Send `workload` at `rate` requests/s for `seconds`, round-robin over `targets` per
-    request (as a Service spreads connections over router replicas). `session_header`: one id
-    per session (`session_id_offset` + its index) in that header. `shape`: the rate over
-    the run (shapes.py)."""
+                   api: str = "chat", shape: Shape | None = None) -> RunLog:
+    """Send `workload` at `rate` requests/s (times the `shape`) for `seconds`, round-robin over
+    `targets` a request as a Service spreads connections; `session_header`: one id a session
+    (its index + `session_id_offset`); `api` "completions": the rendered prompt."""
     log = RunLog()
     starts = session_starts(workload, rate, seconds, seed, shape)
-    rr = 0
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
-    async with aiohttp.ClientSession(connector=connector) as http:
+    next_target = itertools.cycle(targets)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
 
         async def conversation(idx: int, s: Session) -> None:
-            nonlocal rr
             answers: list[str] = []
             hdrs = {session_header: str(session_id_offset + idx)} if session_header else None
             for t, turn in enumerate(s.turns):
                 msgs = messages_for(s, t, answers)
-                target = targets[rr % len(targets)]
-                rr += 1
                 sent = len(log.sent)
                 log.sent.append(msgs)
                 log.answers.append("")
-                res, answer = await _one(http, target, model, msgs, turn.max_tokens,
+                res, answer = await _one(http, next(next_target), model, msgs, turn.max_tokens,
                                          request_timeout, hdrs, api)
                 res.session, res.turn = idx, t
                 log.results.append(res)
@@ -241,20 +200,18 @@ async def run_load(workload: Workload, targets: list[str], model: str, rate: flo
                 answers.append(answer)
 
         tasks: list[asyncio.Task[None]] = []
-        log.started = time.perf_counter()
-        last_report = log.started
+        log.started = last_report = time.perf_counter()
         for idx, (s, at) in enumerate(zip(workload.sessions, starts, strict=False)):
             delay = log.started + at - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             log.planned += len(s.turns)
             tasks.append(asyncio.create_task(conversation(idx, s)))
-            now = time.perf_counter()
-            if progress and now - last_report > 10:
+            if progress and (now := time.perf_counter()) - last_report > 10:
                 last_report = now
-                done = len(log.results)
-                print(f"    t={now - log.started:5.0f}s sent={len(log.sent)} done={done} "
-                      f"errors={sum(not r.ok for r in log.results)}", flush=True)
+                print(f"    t={now - log.started:5.0f}s sent={len(log.sent)} "
+                      f"done={len(log.results)} errors={sum(not r.ok for r in log.results)}",
+                      flush=True)
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=drain_timeout)
             for t in pending:

@@ -1,10 +1,6 @@
-"""Rate shapes: how the request rate moves over a run, as a multiple of the declared rate.
-
-The load generator draws session starts as a Poisson process at the shape's peak and keeps
-each start with probability multiple(t) / peak (thinning), so the arrivals are a Poisson
-process whose rate follows the shape, and the same seed gives the same starts. Pure."""
-
-from __future__ import annotations
+"""Rate shapes: the rate over a run as a multiple of the declared rate. Session starts are
+drawn at the shape's peak and kept with probability multiple(t) / peak (thinning): a Poisson
+process whose rate follows the shape, the same for the same seed. Pure."""
 
 from dataclasses import dataclass
 
@@ -23,16 +19,11 @@ class Ramp:
     def peak(self) -> float:
         return max(self.start, self.end)
 
-    @property
-    def mean(self) -> float:
-        return (self.start + self.end) / 2
-
 
 @dataclass(frozen=True)
 class Bursts:
-    """The rate, and `factor` x the rate for `burst_s` seconds every `every_s` seconds, the
-    first burst `first_s` into the run: traffic that arrives faster than an engine's KV cache
-    can hold its running sequences, so engines preempt."""
+    """`factor` x the rate for `burst_s` seconds every `every_s` from `first_s` on: faster than
+    an engine's KV cache can hold its running sequences, so engines preempt."""
 
     every_s: float
     burst_s: float
@@ -40,18 +31,12 @@ class Bursts:
     first_s: float = 0.0
 
     def multiple(self, t: float, seconds: float) -> float:
-        if t < self.first_s:
-            return 1.0
-        return self.factor if (t - self.first_s) % self.every_s < self.burst_s else 1.0
+        burst = t >= self.first_s and (t - self.first_s) % self.every_s < self.burst_s
+        return self.factor if burst else 1.0
 
     @property
     def peak(self) -> float:
         return max(self.factor, 1.0)
-
-    @property
-    def mean(self) -> float:  # over whole periods
-        share = min(self.burst_s / self.every_s, 1.0)
-        return 1.0 + (self.factor - 1.0) * share
 
 
 Shape = Ramp | Bursts

@@ -1,6 +1,4 @@
-"""Figures of a run (percentiles, imbalance) and of repeated runs (medians, spreads). Pure."""
-
-from __future__ import annotations
+"""Figures of a run (percentiles, imbalance) and of a point's repeats (medians, spreads). Pure."""
 
 import math
 import statistics
@@ -13,8 +11,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     if not values:
         return None
     s = sorted(values)
-    k = max(0, min(len(s) - 1, math.ceil(q / 100.0 * len(s)) - 1))
-    return s[k]
+    return s[max(0, min(len(s) - 1, math.ceil(q / 100.0 * len(s)) - 1))]
 
 
 def imbalance(counts: Sequence[float]) -> float | None:
@@ -27,7 +24,6 @@ def ms(x: float | None) -> float | None:
 
 
 def percentiles_ms(values: Sequence[float], name: str = "ttft") -> dict[str, float | None]:
-    """`<name>_p50_ms`, `<name>_p90_ms`, `<name>_p99_ms` of `values` (seconds)."""
     return {f"{name}_p{q}_ms": ms(percentile(values, q)) for q in (50, 90, 99)}
 
 
@@ -35,10 +31,7 @@ def ratio(a: float | None, b: float | None, digits: int = 4) -> float | None:
     return round(a / b, digits) if a is not None and b else None
 
 
-# Repeats: one point's figures over its rounds.
-
-
-def _median(vals: Sequence[float]) -> float | int:
+def _median(vals: Sequence[Any]) -> float | int:
     m = statistics.median(vals)
     return int(m) if all(isinstance(v, int) for v in vals) and m == int(m) else round(m, 4)
 
@@ -48,10 +41,9 @@ def _number(v: Any) -> bool:
 
 
 def merge(vals: Sequence[Any]) -> Any:
-    """One field over the repeats: numbers by their median (None when every repeat had none;
-    a repeat without one is left out), flags true only when true in every repeat, lists of
-    numbers element by element, lists of strings joined (first 3), mappings key by key,
-    anything else the first repeat's."""
+    """One field over the repeats: numbers by their median (a repeat without one left out),
+    flags true only if true in all, lists of numbers element-wise, of strings joined (first 3),
+    mappings key by key, anything else the first repeat's."""
     present = [v for v in vals if v is not None]
     if not present:
         return None
@@ -69,28 +61,20 @@ def merge(vals: Sequence[Any]) -> Any:
     return vals[0]
 
 
-def aggregate(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The figures of one point over its repeats (one figures dict each): each one merged."""
-    return dict(runs[0]) if len(runs) == 1 else {k: merge([r.get(k) for r in runs])
-                                                  for k in runs[0]}
-
-
-def point_row(
-    head: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], stamp: Mapping[str, Any]
-) -> dict[str, Any]:
-    """One point's JSON: `head` (what was run), the figures aggregated over `runs` (each one
-    repeat's, with its `measured_at`), then `stamp` (command, machine, version); with more
-    than one repeat, `repeats` and the repeats themselves under `runs`."""
+def point_row(head: Mapping[str, Any], runs: Sequence[Mapping[str, Any]],
+              stamp: Mapping[str, Any]) -> dict[str, Any]:
+    """One point's JSON: `head`, each figure merged over `runs` (its repeats), `stamp`; with
+    more than one repeat, `repeats` and the repeats themselves under `runs`."""
     figs = [{k: v for k, v in r.items() if k not in ("repeat", "measured_at")} for r in runs]
-    row = {**head, **aggregate(figs), **stamp, "measured_at": runs[-1]["measured_at"]}
+    merged = {k: merge([f.get(k) for f in figs]) for k in figs[0]} if len(figs) > 1 else figs[0]
+    row = {**head, **merged, **stamp, "measured_at": runs[-1]["measured_at"]}
     more = {"repeats": len(runs), "runs": [dict(r) for r in runs]} if len(runs) > 1 else {}
     return {**row, **more}
 
 
 def values(row: Mapping[str, Any], key: str) -> list[float]:
     """`key` in each of the point's repeats (the point's own value when it ran once)."""
-    vals = [r.get(key) for r in row.get("runs") or [row]]
-    return [v for v in vals if v is not None]
+    return [v for r in row.get("runs") or [row] if (v := r.get(key)) is not None]
 
 
 def spread(row: Mapping[str, Any], key: str) -> tuple[float, float] | None:
@@ -100,15 +84,13 @@ def spread(row: Mapping[str, Any], key: str) -> tuple[float, float] | None:
 
 
 def beats(a: Mapping[str, Any], b: Mapping[str, Any], key: str, high: bool) -> bool:
-    """`a` strictly better than `b` on `key`, outside both spreads (higher is better if
-    `high`). With one repeat each: a plain comparison."""
+    """`a` better than `b` on `key` outside both spreads (higher is better if `high`)."""
     sa, sb = spread(a, key), spread(b, key)
     return sa is not None and sb is not None and (sa[0] > sb[1] if high else sa[1] < sb[0])
 
 
 def tied(a: Mapping[str, Any], b: Mapping[str, Any], key: str) -> bool:
-    """The spreads of `a` and `b` on `key` overlap, and at least one is a spread (more than one
-    repeat): noise cannot tell them apart. Equal single values are not called a tie."""
+    """The spreads overlap, one of more than one repeat: noise cannot tell them apart."""
     if a.get("repeats", 1) <= 1 and b.get("repeats", 1) <= 1:
         return False
     sa, sb = spread(a, key), spread(b, key)
@@ -117,5 +99,4 @@ def tied(a: Mapping[str, Any], b: Mapping[str, Any], key: str) -> bool:
 
 def round_ratios(a: Mapping[str, Any], b: Mapping[str, Any], key: str) -> list[float]:
     """Round i of `a` over round i of `b` (measured minutes apart, under the same drift)."""
-    pairs = zip(values(a, key), values(b, key), strict=False)
-    return [x / y for x, y in pairs if y]
+    return [x / y for x, y in zip(values(a, key), values(b, key), strict=False) if y]

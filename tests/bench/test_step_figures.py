@@ -18,8 +18,7 @@ from bench.harness.loadgen import Result, RunLog
 
 
 def _res(ttft: float | None, ok: bool = True) -> Result:
-    return Result(0, 0, 100.0, ttft, 1.0 if ok else None, ok, 200 if ok else 503, 10, None, None,
-                  "u", "" if ok else "boom")
+    return Result(0, 0, 100.0, ttft, 1.0 if ok else None, ok, 10, None, "" if ok else "boom")
 
 
 def _snap(t: float, requests: list[int], prompt: int, cached: int, gen: int,

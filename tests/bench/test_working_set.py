@@ -12,20 +12,14 @@ from bench.harness.capacity import (
     capacity_warning,
     kv_capacity,
     measured_working_set,
+    persona_tokens,
     run_count,
     run_working_set,
-)
-from bench.harness.loadgen import Result
-from bench.harness.workloads import (
-    WORKLOADS,
-    Session,
-    Turn,
-    Workload,
-    build,
-    persona_tokens,
     turn_tokens,
     working_set,
 )
+from bench.harness.loadgen import Result
+from bench.harness.workloads import WORKLOADS, Session, Turn, Workload, build
 from bench.scenarios import SCENARIOS
 
 RATE, SECONDS = SCENARIOS["routing"].rates[0], SCENARIOS["routing"].seconds  # type: ignore[index]
@@ -105,7 +99,7 @@ def test_measured_working_set_follows_the_real_send_times() -> None:
     wl = Workload("mt", [a, conversation("Q" * 400, [70])], 100)
 
     def sent(session: int, turn: int, at: float, prompt: int | None) -> Result:
-        return Result(session, turn, at, 0.01, 1.0, prompt is not None, 200, 100, 0, prompt, "")
+        return Result(session, turn, at, 0.01, 1.0, prompt is not None, 100, prompt)
 
     t = turn_tokens(a)
     results = [sent(0, 0, 0.0, t[0] - 100), sent(0, 1, 3.0, t[1] - 100)]
