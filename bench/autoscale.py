@@ -20,7 +20,7 @@ from prefix_router.contract import WORKING_SET_METRIC
 from .harness.fleet import Fleet, free_port
 from .harness.loadgen import run_load
 from .harness.workloads import Session, Turn, Workload, text
-from .provenance import machine, now_utc
+from .provenance import now_utc, stamp
 from .report import fmt, md_table, pyplot, save_figure
 from .runner import MODEL
 from .scenarios import PROFILE
@@ -227,7 +227,7 @@ def main(s: Settings, out: Path, command: str) -> dict[str, Any]:
             part.start()
         adapter.register()
         run = asyncio.run(_run(s, cp, log_dir))
-    return rebuild(out, {"command": command, "machine": machine(), "date_utc": now_utc(),
+    return rebuild(out, {**stamp(command), "date_utc": now_utc(),
                          "settings": asdict(s),
                          "wall_clock_s": round(time.monotonic() - started, 1), **run})
 
@@ -246,7 +246,8 @@ def rebuild(out: Path, result: dict[str, Any] | None = None) -> dict[str, Any]:
               for e in r["summary"]["scale_events"]]
     (out / "README.md").write_text("\n".join([
         "# Autoscaling on cache pressure, end to end", "",
-        f"Written by `{r['command']}` on {r['date_utc']}, {r['machine']} (`--report`: this file "
+        f"Written by `{r['command']}` on {r['date_utc']}, {r['machine']}, code "
+        f"{r.get('version', '?')} (`--report`: this file "
         f"and the plot from `autoscale.json`); wall clock {fmt(r['wall_clock_s'])} s. "
         "bench/autoscale.py says what runs. Times in seconds from the first sample.", "",
         "![replicas and cache pressure over time](autoscale.png)", "",
