@@ -68,6 +68,8 @@ def bars(r: Mapping[str, Any]) -> list[tuple[str, str, bool, bool]]:
          "traceback; slow clients closed in time; at the engine as it should be)",
          counts(problems) or "0", not problems, False),
         ("every case answered as it should", counts(off) or "all", not off, False),
+        ("no client made the router connect to another host (CONNECT, absolute URI, Host)",
+         f"{r['canary_connections']} connections", r["canary_connections"] == 0, False),
         ("the index within its memory budget", f"{index['entries']:.0f} entries, bound "
          f"{index['bound']}", index["entries"] <= index["bound"], False),
         ("faults (engine hung, engine killed, Redis killed), each seen by the router and undone:"

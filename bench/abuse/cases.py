@@ -20,6 +20,7 @@ class Ctx:
     marker: str  # in every prompt
     tag: str  # in header values and paths
     max_body: int
+    canary: str = ""  # host:port only the bench listens on: no client may make the router call it
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,11 @@ def headers(ctx: Ctx) -> list[Case]:
         ("bare CR in a value", with_(b"X-A: %s\rX-B: 1\r\n" % t), "400"),
         ("a 64 KiB header", with_(b"X-Big: " + t + b"a" * 65536 + b"\r\n"), "400 431"),
         ("HTTP/2 preface", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes(24), "400 closed"),
+        ("CONNECT to another port", request("CONNECT", ctx.canary, [
+            ("Host", ctx.canary), ("X-T", ctx.tag)]), "400 404 405 closed"),
+        ("an absolute URI and Host naming another host", post(body, [("X-T", ctx.tag)], path=(
+            f"http://{ctx.canary}{CHAT}")).replace(b"127.0.0.1", ctx.canary.encode(), 1),
+         "200 400 404"),
         ("x-cache-salt with CR LF inside", with_(b"x-cache-salt: a\r\nX-I: %s\r\n" % t), "200"),
     ]) + [Case("hop-by-hop and forwarding", name, (post(chat(
         ctx, text(ctx, f"hdrprobe-{i}"), **w.get("body", {})), hs),), ("200",), 1,

@@ -170,7 +170,9 @@ async def faults(fleet: Fleet, s: aiohttp.ClientSession, url: str, taps: list[st
 async def run_round(store: str, log_dir: Path) -> dict[str, Any]:
     log_dir = log_dir / store
     marker, tag = "PLANTED-" + secrets.token_hex(6), "HDRTAG-" + secrets.token_hex(6)
-    async with Fleet(log_dir) as fleet, aiohttp.ClientSession() as s:
+    canary_hits = []  # connections to a port only the bench listens on
+    canary = await asyncio.start_server(lambda _r, w: canary_hits.append(w.close()), "127.0.0.1")
+    async with canary, Fleet(log_dir) as fleet, aiohttp.ClientSession() as s:
         started = now_utc()
         sims = [await fleet.start_sim(f"sim{i}", **SIM) for i in range(SIMS)]
         ports, cfg, port = [free_port() for _ in sims], log_dir / "router.yaml", free_port()
@@ -186,7 +188,8 @@ async def run_round(store: str, log_dir: Path) -> dict[str, Any]:
                                               str(cfg), "--port", str(port)], port, "/readyz")
         await wait_for(lambda: ready(s, router.url, "healthy_backends", SIMS), "engines ready")
         private = [u.split("//")[1] for u in taps + [sim.url for sim in sims]]
-        ctx, before = C.Ctx(MODEL, marker, tag, 8 * C.MiB), figures(router.process.pid)
+        canary_at = f"127.0.0.1:{canary.sockets[0].getsockname()[1]}"
+        ctx, before = C.Ctx(MODEL, marker, tag, 8 * C.MiB, canary_at), figures(router.process.pid)
         # the attack: class by class, while the slow clients and silent connections go on
         stop, cases = asyncio.Event(), C.attack(ctx)
         slow = asyncio.create_task(run_cases(C.slow(ctx, ROUTER["keepalive_timeout_s"], ROUTER[
@@ -213,7 +216,8 @@ async def run_round(store: str, log_dir: Path) -> dict[str, Any]:
         "store": store, "started": started, "settings": ROUTER,
         "outcomes": [o.__dict__ for o in outcomes], "faults": fault,
         "load": judge_load(results, {r for b in records for r in b["held"] + b["cut"]}),
-        "healthz": healthz, "router": {"before": before, "after": after},
+        "healthz": healthz, "canary_connections": len(canary_hits),
+        "router": {"before": before, "after": after},
         "index": {"entries": entries, "bound": max(1000, int(
             ROUTER["index_memory_mb"] * C.MiB / INDEX_ENTRY_BYTES))},
         "log": {"lines": log.count("\n"), "tracebacks": log.count("Traceback (most recent"),

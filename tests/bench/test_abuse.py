@@ -18,7 +18,7 @@ from bench.abuse.client import exchange, first_answer, judge
 from bench.abuse.run import judge_load, watch
 from bench.harness.fleet import free_port
 
-CTX = C.Ctx("m", "PLANTED-1", "HDRTAG-1", 1 << 20)
+CTX = C.Ctx("m", "PLANTED-1", "HDRTAG-1", 1 << 20, "127.0.0.1:9")
 
 
 def resp(status: int, headers: list[tuple[str, str]] | None = None, body: bytes = b"") -> bytes:
@@ -134,7 +134,7 @@ ROUND: dict[str, Any] = {
                "engine killed": {"seen_s": 0.2, "back_s": 1.0}},
     "load": judge_load([{"rid": 1, "phase": "p", "status": "200", "whole": True}], set()),
     "healthz": {"n": 9, "failures": 0, "p50_ms": 1.0, "p99_ms": 9.0, "max_ms": 9.0,
-                "most_fds": 900},
+                "most_fds": 900}, "canary_connections": 0,
     "router": {"before": {"rss_mb": 60, "fds": 30},
                "after": {"rss_mb": 90, "peak_rss_mb": 100, "fds": 40}},
     "index": {"entries": 10, "bound": 100},
@@ -154,6 +154,8 @@ def test_the_bars() -> None:
                       "router peak RSS within 512 MB (the CRD's memory limit)"]
     bad["load"]["p"]["failed"] = 1
     assert [b for b, _m, ok, _must in bars(bad) if b.startswith("faults") and not ok]
+    bad["canary_connections"] = 1  # a client made the router call a port of the bench's
+    assert [b for b, _m, ok, _must in bars(bad) if b.startswith("no client made") and not ok]
     assert "| **must** no 5xx answered to the attack | **no**: 1 of 2 |" in render(
         [bad], {"command": "c", "machine": "m", "host": "h", "version": "v"})
 
