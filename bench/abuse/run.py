@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from bench.harness.fleet import Fleet, free_port, parse_status
+from bench.harness.fleet import Fleet, free_port, memory_of
 from bench.harness.promtext import sample_sum
 from bench.harness.stats import percentile
 from bench.provenance import now_utc
@@ -39,10 +39,10 @@ ROUTER: dict[str, Any] = {
 PARALLEL = {"body size": 6, "prompt over max_model_len": 6, "many connections": 200}
 
 
-def figures(pid: int) -> dict[str, float]:  # RSS, peak RSS (MB), open descriptors
-    vm = parse_status(Path(f"/proc/{pid}/status").read_text())
-    return {"rss_mb": round(vm["VmRSS"] / 1024, 1), "peak_rss_mb": round(vm["VmHWM"] / 1024, 1),
-            "fds": len(os.listdir(f"/proc/{pid}/fd"))}
+def figures(pid: int) -> dict[str, float]:
+    """RSS and peak RSS (MB) of the router with its body-parsing worker (the pod's limit counts
+    both), and its open descriptors."""
+    return memory_of(pid) | {"fds": len(os.listdir(f"/proc/{pid}/fd"))}
 
 
 async def watch(url: str, pid: int, stop: asyncio.Event) -> dict[str, Any]:
