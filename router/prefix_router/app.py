@@ -1,8 +1,9 @@
 """HTTP entry: the aiohttp application, its handlers and its lifecycle.
 
 A request's path, top to bottom: `completions` (here) -> parse_for_routing (parsing.py) ->
-Scheduler.route (scheduling/: prefix key, index lookup, filters, scorers, picker) -> forward
-(proxy.py: one Attempt per backend tried, attempt.py: load and index records).
+RouterCore.route (core.py: eligible backends, prefix key in keying.py, decision in
+scheduling/) -> forward (proxy.py: one Attempt per backend tried, attempt.py: load and index
+records).
 """
 
 from __future__ import annotations
@@ -16,28 +17,22 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from .backends import BackendSet
 from .config import RouterSettings
+from .core import RouterCore, build_core
 from .discovery import Discovery, FileDiscovery, StaticDiscovery
 from .encoding import inflate
 from .errors import CLIENT_MISTAKES, RequestError, errors_as_json, expect_continue, server_header
 from .health import HealthLoop
-from .index.events import EventsIndex
-from .load import LoadTracker
-from .metrics import RouterMetrics
 from .offload import Offload
 from .parsing import Kind, parse_for_routing
 from .proxy import forward
-from .scheduling import Scheduler
-from .store import Store, make_store
 from .upstream import UpstreamClient
 
 log = logging.getLogger("prefix_router")
 
 
 SETTINGS: web.AppKey[RouterSettings] = web.AppKey("settings", RouterSettings)
-SCHEDULER: web.AppKey[Scheduler] = web.AppKey("scheduler", Scheduler)
-STORE: web.AppKey[Store] = web.AppKey("store", Store)
+CORE: web.AppKey[RouterCore] = web.AppKey("core", RouterCore)
 UPSTREAM = web.AppKey("upstream", UpstreamClient)
 DRAINING: web.AppKey[asyncio.Event] = web.AppKey("draining", asyncio.Event)
 
@@ -86,15 +81,16 @@ async def _read_body(
 async def _completions(request: web.Request, kind: Kind) -> web.StreamResponse:
     app = request.app
     s = app[SETTINGS]
-    sched = app[SCHEDULER]
-    raw = await _read_body(request, s.max_body_bytes, s.body_timeout_s, sched.offload)
+    core = app[CORE]
+    offload = core.offload
+    raw = await _read_body(request, s.max_body_bytes, s.body_timeout_s, offload)
     salt = request.headers.get(s.salt_header) if s.salt_header else None
     # with a tokenizer the prompt's messages are rendered later: they must stay in this process
-    apart = sched.tokenizer is None
-    parsed, raw = await sched.offload.run(len(raw), parse_for_routing, raw, kind, salt,
-                                          s.salt_header_wins, apart, apart=apart)  # fmt: skip
-    route = await sched.route(parsed)
-    return await forward(request, route, raw, sched, app[UPSTREAM])
+    apart = not core.keyer.renders
+    parsed, raw = await offload.run(len(raw), parse_for_routing, raw, kind, salt,
+                                    s.salt_header_wins, apart, apart=apart)  # fmt: skip
+    route = await core.route(parsed)
+    return await forward(request, route, raw, core.ledger, app[UPSTREAM])
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -106,10 +102,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def models(request: web.Request) -> web.Response:
-    sched = request.app[SCHEDULER]
+    backends = request.app[CORE].backends
     s = request.app[SETTINGS]
-    names = sorted(s.models) if s.models else sorted(sched.backends.served_models())
-    if not names and not sched.backends.healthy():
+    names = sorted(s.models) if s.models else sorted(backends.served_models())
+    if not names and not backends.healthy():
         raise RequestError(503, "no healthy backend is available", retry_after=1)
     data = [{"id": n, "object": "model", "owned_by": "prefix-router"} for n in names]
     return web.json_response({"object": "list", "data": data})
@@ -120,15 +116,15 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    sched = request.app[SCHEDULER]
-    healthy = len(sched.backends.healthy())
+    core = request.app[CORE]
+    healthy = len(core.backends.healthy())
     draining = request.app[DRAINING].is_set()
     body = {
         "ready": healthy > 0 and not draining,
         "draining": draining,
-        "backends": len(sched.backends.all()),
+        "backends": len(core.backends.all()),
         "healthy_backends": healthy,
-        "store": "degraded" if request.app[STORE].stats().degraded else "ok",
+        "store": "degraded" if core.store.stats().degraded else "ok",
     }
     return web.Response(
         status=200 if body["ready"] else 503, text=json.dumps(body),
@@ -137,10 +133,10 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 def _metrics_page(app: web.Application) -> web.Response:
-    sched = app[SCHEDULER]
-    sched.metrics.show_store(sched.index.entries(), app[STORE].stats())
+    core = app[CORE]
+    core.metrics.show_store(core.index.entries(), core.store.stats())
     return web.Response(
-        body=generate_latest(sched.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        body=generate_latest(core.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
     )
 
 
@@ -155,18 +151,8 @@ def build_app(settings: RouterSettings, discovery: Discovery | None = None) -> w
         app.on_response_prepare.append(server_header)
     app[SETTINGS] = settings
     app[DRAINING] = asyncio.Event()
-    backends = BackendSet(settings.health.eject_after_failures, settings.health.readmit_after_s)
-    load = LoadTracker()
-    the_store = app[STORE] = make_store(settings, load)
-    metrics_ = RouterMetrics()
-    sched = app[SCHEDULER] = Scheduler(
-        settings, backends, the_store.index, load, metrics_,
-        observe=the_store.observe, requested=the_store.requested,
-    )
-    sched.pending.shared = the_store.holds
-    backends.on_gone(the_store.index.drop_backend)
-    backends.on_gone(load.forget)
-    backends.on_gone(sched.left)
+    core = app[CORE] = build_core(settings)
+    backends = core.backends
     the_discovery = discovery or make_discovery(settings)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -174,29 +160,12 @@ def build_app(settings: RouterSettings, discovery: Discovery | None = None) -> w
         backends.on_gone(upstream.forget)
         # health probes and scrapes: off the forwarding path, with their own timeouts
         probes = aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
-        await the_store.start()
-        health = HealthLoop(
-            settings.health, backends, load, the_store.index, metrics_, probes
-        )
+        await core.start()
+        health = HealthLoop(settings.health, backends, core.load, core.index, core.metrics, probes)
 
         def on_change(urls: Sequence[str]) -> None:
             backends.set_members(urls)
 
-        events = None
-        if settings.index == "events":
-            from .events.subscriber import EventSubscriber  # pyzmq: only where events are read
-
-            index = the_store.index
-            assert isinstance(index, EventsIndex)  # store.local_index makes it for events
-            events = EventSubscriber(
-                settings.events, index, settings.block_size,
-                lambda backend, lora: lora or sched.model_of(backend),
-                sched.speculative.drop_backend,
-                lambda backend, model, keys: sched.speculative.settle(model, keys, backend),
-            )
-            metrics_.watch_events(events.stats)
-            backends.on_join(events.join)
-            backends.on_gone(lambda b: asyncio.ensure_future(events.leave(b)))
         await the_discovery.start(on_change)
         await health.probe_once()
         health.start()
@@ -205,12 +174,9 @@ def build_app(settings: RouterSettings, discovery: Discovery | None = None) -> w
         finally:
             await health.stop()
             await the_discovery.stop()
-            if events is not None:
-                await events.close()
-            await the_store.close()
+            await core.close()
             await upstream.close()
             await probes.close()
-            sched.offload.close()
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/v1/completions", completions, expect_handler=expect_continue)
@@ -268,7 +234,7 @@ async def serve(
     port = runner.addresses[0][1] if runner.addresses else settings.port
     log.info(
         "prefix-router listening on %s:%d policy=%s backends=%d",
-        settings.host, port, settings.policy, len(app[SCHEDULER].backends.all()),
+        settings.host, port, settings.policy, len(app[CORE].backends.all()),
     )
     if ready:
         ready(port)

@@ -20,11 +20,56 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from .prefix import extend_hashes
-from .scheduling import Route, Scheduler
+from .backends import BackendSet
+from .config import RouterSettings
+from .index import PrefixIndex
+from .keying import Key, Keyer
+from .load import LoadTracker
+from .metrics import RouterMetrics
+from .parsing import ParsedRequest
+from .scheduling import Decision
+from .steps import StepClock
 
 log = logging.getLogger("prefix_router.attempt")
+
+
+@dataclass(slots=True)
+class Route:
+    """A request with its key and decision: what the proxy forwards and attempts record."""
+
+    parsed: ParsedRequest
+    key: Key
+    decision: Decision
+    started: float  # time.perf_counter() when routing began
+
+    @property
+    def hashes(self) -> list[int]:
+        return self.key.hashes
+
+    @property
+    def prompt_tokens(self) -> float:
+        return self.key.prompt_tokens
+
+
+@dataclass(slots=True)
+class Ledger:
+    """Exactly what an attempt changes or reads besides its route."""
+
+    settings: RouterSettings
+    backends: BackendSet  # success and failure reports
+    load: LoadTracker  # in flight and pending prefill
+    index: PrefixIndex  # holds, ownership, corrections
+    metrics: RouterMetrics
+    steps: StepClock  # each backend's step rhythm, from streamed chunks
+    keyer: Keyer  # the next turn's chain; blocks -> tokens (its sizing)
+    holds: bool  # whether the policy reads the index (the others hold nothing)
+    # (prompt tokens, predicted cached tokens) of each request served: the figures a shared
+    # store publishes for the autoscaler (none without one)
+    observe: Callable[[float, float], None] | None = None
+    clock: Callable[[], float] = time.monotonic
 
 
 class Attempt:
@@ -33,18 +78,18 @@ class Attempt:
         "closed",
         "confirmed",
         "held",
+        "ledger",
         "news",
         "prefill",
         "prefilled",
         "route",
-        "sched",
         "sent_at",
         "slow",
         "status",
     )
 
-    def __init__(self, sched: Scheduler, route: Route, backend: str) -> None:
-        self.sched = sched
+    def __init__(self, ledger: Ledger, route: Route, backend: str) -> None:
+        self.ledger = led = ledger
         self.route = route
         self.backend = backend
         self.confirmed = False
@@ -52,27 +97,27 @@ class Attempt:
         self.closed = False
         self.status = 0
         self.prefill = max(route.prompt_tokens - self.predicted(), 0.0)
-        sched.load.start(backend, self.prefill)
-        sched.metrics.set_inflight(backend, sched.load.own_inflight(backend))
+        led.load.start(backend, self.prefill)
+        led.metrics.set_inflight(backend, led.load.own_inflight(backend))
         d = route.decision
         # the prompt is news here: this backend did not hold it all (the other routers are
         # shown the hold, and told of the record at once)
         self.news = backend != d.backend or d.reason != "hit"
-        self.held = sched.profile.uses_index and bool(route.hashes)
+        self.held = led.holds and bool(route.hashes)
         if self.held:
-            sched.pending.hold(route.parsed.model, route.hashes, backend, share=self.news)
-        self.sent_at = sched.clock()
+            led.index.hold(route.parsed.model, route.hashes, backend, self.news)
+        self.sent_at = led.clock()
         self.slow: asyncio.TimerHandle | None = None
         if route.parsed.stream:
             self.slow = asyncio.get_running_loop().call_later(
-                sched.settings.first_token_budget_s, self._slow
+                led.settings.first_token_budget_s, self._slow
             )
 
     def _slow(self) -> None:
         self.slow = None
-        budget = self.sched.settings.first_token_budget_s
+        budget = self.ledger.settings.first_token_budget_s
         log.warning("no first token from %s within %gs", self.backend, budget)
-        self.sched.backends.report_failure(self.backend, f"no first token within {budget:g}s")
+        self.ledger.backends.report_failure(self.backend, f"no first token within {budget:g}s")
 
     def __enter__(self) -> Attempt:
         return self
@@ -86,7 +131,8 @@ class Attempt:
         r = self.route
         if self.backend != r.decision.backend:
             return 0.0
-        return min(r.decision.matched_blocks * self.sched.sizing.block_tokens, r.prompt_tokens)
+        tokens = self.ledger.keyer.sizing.blocks_tokens(r.decision.matched_blocks)
+        return min(tokens, r.prompt_tokens)
 
     def answered(self, status: int) -> None:
         self.status = status
@@ -101,110 +147,84 @@ class Attempt:
             return
         self.prefilled = True
         self._unslow()
-        sched, r = self.sched, self.route
-        sched.load.first_byte(self.backend, self.prefill)
+        led, r = self.ledger, self.route
+        led.load.first_byte(self.backend, self.prefill)
         if 200 <= self.status < 300:
             self.confirmed = True
             if self.held:
                 self.held = False
-                self._own(r.hashes)
-                sched.pending.release(r.parsed.model, r.hashes, self.backend, share=self.news)
-        sched.metrics.ttft.observe(time.perf_counter() - r.started)
+                model = r.parsed.model
+                led.index.own(model, r.hashes, self.backend, news=self.news)
+                led.index.release(model, r.hashes, self.backend, self.news)
+        led.metrics.ttft.observe(time.perf_counter() - r.started)
         if streamed:
-            steps = sched.signals.steps
+            steps = led.steps
             b = self.backend
-            steps.first_token(b, self.sent_at, sched.clock())
-            sched.metrics.set_rhythm(b, steps.step(b), steps.lead(b))
-
-    def _own(self, hashes: list[int], known: int = 0) -> None:
-        """The engine holds this chain now. With its KV events the index learns it from
-        them: until they come (or for `events.speculative_s` if they never do) the chain is
-        a speculative entry beside the index; otherwise the index records it."""
-        sched, r = self.sched, self.route
-        s = sched.settings
-        d = r.decision
-        if s.index == "events":
-            # only the blocks the index did not have here: the rest it knows from the
-            # engine's events already (lookups carry a hold on from the index's depth)
-            start = known or (d.matched_blocks if self.backend == d.backend else 0)
-            sched.index.touch(r.parsed.model, hashes[:start], self.backend)
-            until = sched.clock() + s.events.speculative_s
-            sched.speculative.hold_until(r.parsed.model, hashes[start:], self.backend, until)
-            return
-        news = not known and self.news
-        sched.index.record(r.parsed.model, hashes, self.backend, news=news, known=known)
+            steps.first_token(b, self.sent_at, led.clock())
+            led.metrics.set_rhythm(b, steps.step(b), steps.lead(b))
 
     def chunk(self) -> None:
-        self.sched.signals.steps.beat(self.backend, self.sched.clock())
+        self.ledger.steps.beat(self.backend, self.ledger.clock())
 
     def done(self, answer: str | None, usage: tuple[int, int | None] | None) -> None:
         """The engine answered in full (2xx)."""
-        sched, r, backend = self.sched, self.route, self.backend
-        sched.backends.report_success(backend)
-        sched.metrics.count_request(backend, "ok")
+        led, r, backend = self.ledger, self.route, self.backend
+        led.backends.report_success(backend)
+        led.metrics.count_request(backend, "ok")
         predicted = self.predicted()
-        sched.metrics.observe_prediction(r.prompt_tokens, predicted)
-        if sched.observe is not None:
-            sched.observe(r.prompt_tokens, predicted)
+        led.metrics.observe_prediction(r.prompt_tokens, predicted)
+        if led.observe is not None:
+            led.observe(r.prompt_tokens, predicted)
         if usage is not None:
             self.learn(*usage)
         if answer and self.confirmed and r.hashes:
-            canonical = sched.next_turn(r.parsed, answer)
-            nxt = extend_hashes(r.hashes, canonical, sched.sizing.block_bytes, r.seed)
+            nxt = led.keyer.next_turn(r.parsed, r.key, answer)
             if len(nxt) > len(r.hashes):
-                # the prompt's blocks were recorded at its first token: the answer's are new
-                self._own(nxt, known=len(r.hashes))
+                # the prompt's blocks were owned at its first token: the answer's are new
+                led.index.own(r.parsed.model, nxt, backend, known=len(r.hashes))
 
     def learn(self, prompt: int, cached: int | None) -> None:
         """What the engine reported: its token count teaches the router's sizing, and its
         cached tokens (when it reports them: a missing count is unknown, never zero) what it
         really held against what the index predicted."""
-        sched, r, backend = self.sched, self.route, self.backend
-        sizing = sched.sizing
-        if sizing.learn(len(r.parsed.canonical), prompt):
-            sched.index.resize(sizing.block_tokens)
-        if cached is None and sched.settings.cached_tokens_reported:
+        led, r, backend = self.ledger, self.route, self.backend
+        sizing = led.keyer.sizing
+        sizing.learn(len(r.parsed.canonical), prompt)
+        if cached is None and led.settings.cached_tokens_reported:
             cached = 0
         if cached is None:
             return
         predicted = self.predicted()
-        sched.metrics.observe_usage(predicted, prompt, cached)
-        if sched.settings.log_decisions:
+        led.metrics.observe_usage(predicted, prompt, cached)
+        if led.settings.log_decisions:
             log.info("served backend=%s predicted_cached=%d reported_cached=%d prompt=%d",
                      backend, predicted, cached, prompt)
         d = r.decision
-        if backend != d.backend or sched.settings.index != "corrected":
+        if backend != d.backend:
             return
-        held = int(cached // sizing.block_tokens)  # whole blocks: engines count to the token
-        # an engine computes at least a prompt's last token (vLLM caps a hit at prompt - 1),
-        # so of a prompt held whole it reports one block less: not a block it dropped
-        matched = min(d.matched_blocks, max(0, (prompt - 1) // sched.settings.block_size)) \
-            if sizing.exact else d.matched_blocks
-        if not sizing.exact and abs(held - matched) <= 1:
-            held = matched  # within the estimate's own error
-        if held != matched:
-            sched.metrics.count_correction("over" if held < matched else "under")
-            sched.index.learn(r.parsed.model, backend, matched, held)
+        matched, held = sizing.evidence(d.matched_blocks, prompt, cached)
+        if held != matched and led.index.correct(r.parsed.model, backend, matched, held):
+            led.metrics.count_correction("over" if held < matched else "under")
 
     def failed(self, outcome: str, why: str = "", at_fault: bool = True) -> None:
         """`outcome` names it in the request metrics; a failure the backend is at fault for
         (refused, hung, cut, 502/503) counts toward ejecting it."""
-        self.sched.metrics.count_request(self.backend, outcome)
+        self.ledger.metrics.count_request(self.backend, outcome)
         if at_fault:
-            self.sched.backends.report_failure(self.backend, why or outcome)
+            self.ledger.backends.report_failure(self.backend, why or outcome)
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
         self._unslow()
-        sched, backend = self.sched, self.backend
+        led, backend = self.ledger, self.backend
         if not self.prefilled:
             self.prefilled = True
-            sched.load.first_byte(backend, self.prefill)
-        sched.load.finish(backend)
-        sched.metrics.set_inflight(backend, sched.load.own_inflight(backend))
+            led.load.first_byte(backend, self.prefill)
+        led.load.finish(backend)
+        led.metrics.set_inflight(backend, led.load.own_inflight(backend))
         if self.held:
             self.held = False
             r = self.route
-            sched.pending.release(r.parsed.model, r.hashes, backend, share=self.news)
+            led.index.release(r.parsed.model, r.hashes, backend, self.news)

@@ -22,10 +22,9 @@ import logging
 
 from aiohttp import web
 
-from .attempt import Attempt
+from .attempt import Attempt, Ledger, Route
 from .errors import RequestError, error_body
 from .responses import read_json, read_sse
-from .scheduling import Route, Scheduler
 from .upstream import (
     UpstreamClient,
     UpstreamConnectError,
@@ -77,43 +76,43 @@ def upstream_headers(request: web.Request) -> dict[str, str]:
 class _Forward:
     """One request's forwarding: its candidates, and the client's stream once started."""
 
-    __slots__ = ("headers", "raw", "request", "route", "sched", "stream", "upstream")
+    __slots__ = ("headers", "ledger", "raw", "request", "route", "stream", "upstream")
 
     def __init__(
-        self, request: web.Request, route: Route, raw: bytes, sched: Scheduler, up: UpstreamClient
+        self, request: web.Request, route: Route, raw: bytes, ledger: Ledger, up: UpstreamClient
     ) -> None:
         self.request = request
         self.route = route
         self.raw = raw
-        self.sched = sched
+        self.ledger = ledger
         self.upstream = up
         self.headers = upstream_headers(request)
         self.stream: web.StreamResponse | None = None
 
     async def run(self) -> web.StreamResponse:
-        sched = self.sched
+        led = self.ledger
         d = self.route.decision
         tried = 0
         last = "no backend could be tried"
         try:
             for backend in (d.backend, *d.order):
-                if tried >= sched.settings.max_attempts:
+                if tried >= led.settings.max_attempts:
                     break
-                b = sched.backends.get(backend)
+                b = led.backends.get(backend)
                 if b is None or not b.healthy:
                     continue
                 if tried:
-                    sched.metrics.retries.inc()
+                    led.metrics.retries.inc()
                 tried += 1
                 try:
-                    with Attempt(sched, self.route, backend) as attempt:
+                    with Attempt(led, self.route, backend) as attempt:
                         try:
                             return await self.attempt(attempt)
                         except asyncio.CancelledError:
                             attempt.failed("client_gone", at_fault=False)
                             raise
                 except _Retry as exc:
-                    last = str(exc) if sched.settings.expose_routing else exc.outcome
+                    last = str(exc) if led.settings.expose_routing else exc.outcome
                     log.warning("attempt on %s failed before the first byte: %s", backend, exc)
             raise RequestError(503, f"no backend could serve the request ({last})", retry_after=1)
         except RequestError as err:
@@ -204,14 +203,14 @@ class _Forward:
     def response_headers(self, answer: UpstreamResponse, a: Attempt) -> dict[str, str]:
         h = answer.headers
         out = {k: h[k] for k in _PASS_RESPONSE if k in h}
-        if self.sched.settings.expose_routing:
+        if self.ledger.settings.expose_routing:
             out["x-routed-to"] = a.backend
             out["x-route-reason"] = self.route.decision.reason
         return out
 
     def name(self, a: Attempt) -> str:
         """The engine as a client may be told of it."""
-        return a.backend if self.sched.settings.expose_routing else "the engine"
+        return a.backend if self.ledger.settings.expose_routing else "the engine"
 
 
 def _retry(a: Attempt, outcome: str, why: object) -> _Retry:
@@ -229,7 +228,7 @@ def _unanswered(a: Attempt, exc: UpstreamError | UpstreamTimeout) -> Exception:
     if isinstance(exc, UpstreamError):
         return _retry(a, "read_error", exc)
     a.failed("timeout", f"timeout: {exc}")
-    limit = a.sched.settings.upstream_timeout_s
+    limit = a.ledger.settings.upstream_timeout_s
     log.warning("%s sent nothing for %gs: 504", a.backend, limit)
     return RequestError(504, f"the upstream did not answer within {limit:g}s")
 
@@ -249,6 +248,6 @@ async def _end_with_error(
 
 
 async def forward(
-    request: web.Request, route: Route, raw: bytes, sched: Scheduler, upstream: UpstreamClient
+    request: web.Request, route: Route, raw: bytes, ledger: Ledger, upstream: UpstreamClient
 ) -> web.StreamResponse:
-    return await _Forward(request, route, raw, sched, upstream).run()
+    return await _Forward(request, route, raw, ledger, upstream).run()

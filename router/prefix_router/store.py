@@ -1,6 +1,7 @@
-"""Where the router's shared state lives: the prefix index, the other router replicas, and
-the figures published for the autoscaler. Local (this process alone) or Redis (every replica
-of a model); the request path is the same for both."""
+"""Where the router's shared state lives: the other router replicas, their load, a prefix
+table shared by all (for the index modes that keep one: index/factory.py), and the figures
+published for the autoscaler. Local (this process alone) or Redis (every replica of a model);
+the request path is the same for both."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .config import RouterSettings
-from .index import PrefixIndex
-from .index.events import EventsIndex
+from .index import Ownership
 from .index.local import LocalIndex
 from .index.pending import PeerHolds
 from .load import LoadTracker
@@ -28,15 +28,16 @@ class StoreStats:
 
 
 class Store:
-    """This router alone: a local index, no peers, nothing published."""
-
-    def __init__(self, index: PrefixIndex) -> None:
-        self.index = index
+    """This router alone: a local table, no peers, nothing published."""
 
     # (prompt tokens, predicted cached tokens) of each request served, for the figures
     observe: Callable[[float, float], None] | None = None
     # where the other routers see this one's requests sent and not yet answered
     holds: PeerHolds | None = None
+
+    def table(self, local: LocalIndex) -> Ownership:
+        """The prefix table the router's decisions go to (`local`: this process's own)."""
+        return local
 
     def requested(self, model: str, hashes: list[int]) -> None:
         """A request asked for this chain (the working set the autoscaler reads)."""
@@ -45,18 +46,10 @@ class Store:
         return StoreStats()
 
     async def start(self) -> None:
-        await self.index.start()
+        return None
 
     async def close(self) -> None:
-        await self.index.close()
-
-
-def local_index(s: RouterSettings) -> LocalIndex:
-    if s.index == "events":
-        return EventsIndex(s.block_size, s.max_table_entries, s.max_owners)
-    return LocalIndex(
-        s.block_size, s.kv_capacity_tokens, s.ttl_seconds, s.max_table_entries, s.max_owners
-    )
+        return None
 
 
 def make_store(s: RouterSettings, load: LoadTracker) -> Store:
@@ -64,4 +57,4 @@ def make_store(s: RouterSettings, load: LoadTracker) -> Store:
         from .redis import SharedStore  # only imported where a shared store is configured
 
         return SharedStore(s, load)
-    return Store(local_index(s))
+    return Store()

@@ -11,7 +11,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from bench.harness.fleet import Fleet
-from prefix_router.app import SCHEDULER, UPSTREAM, build_app
+from prefix_router.app import CORE, UPSTREAM, build_app
 from prefix_router.config import RouterSettings
 
 MODEL = "test-model"
@@ -73,7 +73,7 @@ async def test_garbage_never_crashes_the_router(routed):
     # and it still routes afterwards
     r = await client.post("/v1/completions", json={"model": MODEL, "prompt": "ok", "max_tokens": 1})
     assert r.status == 200
-    assert app[SCHEDULER].backends.healthy()
+    assert app[CORE].backends.healthy()
 
 
 async def test_a_stream_releases_only_its_own_pending_prefill(fleet: Fleet, start_sims):
@@ -84,7 +84,7 @@ async def test_a_stream_releases_only_its_own_pending_prefill(fleet: Fleet, star
         {"discovery": {"backends": sims}, "kv_capacity_tokens": 100_000}
     )
     app = build_app(settings)
-    load = app[SCHEDULER].load
+    load = app[CORE].load
     async with TestClient(TestServer(app)) as client:
         long = asyncio.create_task(
             client.post(

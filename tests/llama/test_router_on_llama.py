@@ -17,7 +17,7 @@ from aiohttp.test_utils import TestServer
 from llama_env import BUILD_TIMEOUT, TOKENIZER_DIR
 from llama_fleet import LlamaFleet, ServerConfig
 
-from prefix_router.app import SCHEDULER, build_app
+from prefix_router.app import CORE, build_app
 from prefix_router.config import RouterSettings
 
 pytestmark = [pytest.mark.llama, pytest.mark.timeout(BUILD_TIMEOUT)]
@@ -97,7 +97,7 @@ async def test_a_shared_prefix_lands_on_its_owner_and_the_counts_agree(routed) -
 
 async def test_an_engine_that_held_less_than_predicted_is_counted(routed) -> None:
     env = routed
-    sched = env["app"][SCHEDULER]
+    core = env["app"][CORE]
     owner, _, _ = await ask(env, chat("first question"))
     other = next(u for u in env["engines"] if u != owner)
     # the index is told, wrongly, that the other engine holds a long prefix it never saw
@@ -105,8 +105,8 @@ async def test_an_engine_that_held_less_than_predicted_is_counted(routed) -> Non
     from prefix_router.parsing import parse_request
 
     parsed = parse_request(json.dumps(body).encode(), "chat")
-    route = await sched.route(parsed)
-    sched.index.record(parsed.model, route.hashes, other)
+    route = await core.route(parsed)
+    core.index.table.record(parsed.model, route.hashes, other)
     to, reason, usage = await ask(env, body)
     assert (to, reason) == (other, "hit")  # the longest match, as far as the index knew
     async with env["session"].get(env["url"] + "/metrics") as r:

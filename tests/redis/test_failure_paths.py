@@ -16,7 +16,7 @@ import waiting
 from aiohttp.test_utils import TestClient, TestServer
 
 from bench.harness.fleet import Fleet
-from prefix_router.app import SCHEDULER, STORE, build_app
+from prefix_router.app import CORE, build_app
 from prefix_router.config import RouterSettings
 from prefix_router.contract import StoreKeys
 from prefix_router.parsing import parse_request
@@ -62,12 +62,12 @@ class Router:
     async def settled(self) -> None:
         """Every write this router queued is in Redis (nothing but the flush is left)."""
         if self.redis is not None:
-            await self.app[STORE].writes.flush()
+            await self.app[CORE].store.writes.flush()
 
     async def snapshot(self, hashes: list[int]) -> Any:
         await self.settled()
         if self.redis is None:
-            table = self.app[SCHEDULER].index.table(MODEL)
+            table = self.app[CORE].index.table.table(MODEL)
             wanted = set(hashes)
             return {b: [e for e in held if e[0] in wanted] for b, held in
                     table.holdings().items()}  # fmt: skip
@@ -86,7 +86,7 @@ class Router:
         return r.status, r.headers.get("x-routed-to", ""), text
 
     async def in_flight(self) -> float:
-        return sum(self.app[SCHEDULER].load.own_counts().values())
+        return sum(self.app[CORE].load.own_counts().values())
 
 
 @pytest.fixture(params=["local", "redis"])

@@ -20,12 +20,12 @@ from prefix_router.attempt import Attempt
 from prefix_router.backends import BackendSet
 from prefix_router.config import RouterSettings
 from prefix_router.contract import RouterFigures
+from prefix_router.core import RouterCore, build_core
+from prefix_router.index.local import LocalIndex
 from prefix_router.load import LoadTracker
-from prefix_router.metrics import RouterMetrics
 from prefix_router.parsing import parse_request
 from prefix_router.redis import SharedStore
 from prefix_router.redis.scripts import block_hex, chain_hex
-from prefix_router.scheduling import Scheduler
 
 pytestmark = pytest.mark.redis
 
@@ -59,6 +59,9 @@ def settings(url: str, **kw) -> RouterSettings:
 async def make(url: str, rid: str, clock: Clock, **kw) -> tuple[SharedStore, LoadTracker]:
     load = LoadTracker()
     s = SharedStore(settings(url, **kw), load, rid, clock=clock, wall=clock.wall)
+    st = s.settings
+    s.table(LocalIndex(st.block_size, st.kv_capacity_tokens, st.ttl_seconds,
+                       st.max_table_entries, st.max_owners, clock=clock))  # fmt: skip
     await s.link.start()  # no timers: the tests run the jobs
     return s, load
 
@@ -78,13 +81,11 @@ async def pair(url: str, **kw) -> AsyncIterator[Pair]:
         await b.close()
 
 
-def scheduler(store: SharedStore, load: LoadTracker, backends: list[str]) -> Scheduler:
-    """A router's scheduler on `store`, wired as the app wires it (no HTTP)."""
+def scheduler(store: SharedStore, load: LoadTracker, backends: list[str]) -> RouterCore:
+    """A router's core on `store`, wired as the app wires it (no HTTP)."""
     members = BackendSet()
     members.set_members(backends)
-    sched = Scheduler(store.settings, members, store.index, load, RouterMetrics())
-    sched.pending.shared = store.holds
-    return sched
+    return build_core(store.settings, members, store=store, load=load)
 
 
 async def written(s: SharedStore) -> None:
@@ -97,27 +98,27 @@ async def written(s: SharedStore) -> None:
 async def test_one_router_sees_what_another_wrote_in_one_round_trip(redis_server):
     async with pair(redis_server.url, store={"write_delay_ms": 10_000}) as (_clock, a, b, _la, _lb):
         chain = list(range(1, 21))
-        a.index.record("m", chain, "http://e1", news=True)
+        a.shared.record("m", chain, "http://e1", news=True)
         await written(a)
         before = b.stats().round_trips
-        assert await b.index.lookup("m", chain) == {"http://e1": 20}
+        assert await b.shared.lookup("m", chain) == {"http://e1": 20}
         assert b.stats().round_trips - before == 1
-        assert await b.index.lookup("m", [1, 2, 99]) == {"http://e1": 2}
+        assert await b.shared.lookup("m", [1, 2, 99]) == {"http://e1": 2}
 
 
 async def test_capacity_model_is_shared(redis_server):
     async with pair(redis_server.url) as (clock, a, b, _la, _lb):  # 50 blocks per backend
-        a.index.record("m", list(range(1000, 1040)), "http://e1")
+        a.shared.record("m", list(range(1000, 1040)), "http://e1")
         await written(a)
         clock.advance(1.0)
-        b.index.record("m", list(range(2000, 2040)), "http://e1")
+        b.shared.record("m", list(range(2000, 2040)), "http://e1")
         await written(b)
         r = aioredis.from_url(redis_server.url)
         assert await r.zcard("prefixrouter:ns/m:lru:m:http://e1") == 50
         await r.aclose()
         # the older chain lost its tail first
-        assert await b.index.lookup("m", list(range(1000, 1040))) == {"http://e1": 10}
-        assert await a.index.lookup("m", list(range(2000, 2040))) == {"http://e1": 40}
+        assert await b.shared.lookup("m", list(range(1000, 1040))) == {"http://e1": 10}
+        assert await a.shared.lookup("m", list(range(2000, 2040))) == {"http://e1": 40}
 
 
 async def test_a_truncation_reaches_every_router(redis_server):
@@ -125,24 +126,24 @@ async def test_a_truncation_reaches_every_router(redis_server):
     # index, and the other routes on the same correction
     async with pair(redis_server.url) as (_clock, a, b, _la, _lb):
         chain = list(range(1, 11))
-        a.index.record("m", chain, "http://e1")
-        a.index.record("m", chain, "http://e2")
+        a.shared.record("m", chain, "http://e1")
+        a.shared.record("m", chain, "http://e2")
         await written(a)
-        assert await b.index.lookup("m", chain) == {"http://e1": 10, "http://e2": 10}
-        b.index.truncate("m", chain, "http://e1", 4)
+        assert await b.shared.lookup("m", chain) == {"http://e1": 10, "http://e2": 10}
+        b.shared.truncate("m", chain, "http://e1", 4)
         await written(b)
-        assert await a.index.lookup("m", chain) == {"http://e1": 4, "http://e2": 10}
-        assert await b.index.lookup("m", chain) == {"http://e1": 4, "http://e2": 10}
+        assert await a.shared.lookup("m", chain) == {"http://e1": 4, "http://e2": 10}
+        assert await b.shared.lookup("m", chain) == {"http://e1": 4, "http://e2": 10}
 
 
 async def test_a_backend_that_leaves_is_gone_for_every_router(redis_server):
     async with pair(redis_server.url) as (_clock, a, b, _la, _lb):
-        a.index.record("m", [1, 2, 3], "http://e1")
-        a.index.record("m", [1, 2, 3], "http://e2")
+        a.shared.record("m", [1, 2, 3], "http://e1")
+        a.shared.record("m", [1, 2, 3], "http://e2")
         await written(a)
-        b.index.drop_backend("http://e1")
+        b.shared.drop_backend("http://e1")
         await written(b)
-        assert await a.index.lookup("m", [1, 2, 3]) == {"http://e2": 3}
+        assert await a.shared.lookup("m", [1, 2, 3]) == {"http://e2": 3}
 
 
 async def test_load_is_shared_and_a_dead_router_stops_counting(redis_server):
@@ -168,15 +169,15 @@ async def test_load_is_shared_and_a_dead_router_stops_counting(redis_server):
 async def test_a_lookup_brings_the_other_routers_load_and_pending_prefill(redis_server):
     async with pair(redis_server.url) as (_clock, a, b, la, lb):
         la.start("http://e1", 500)
-        a.index.record("m", [1, 2], "http://e1")  # its write publishes A's load with it
+        a.shared.record("m", [1, 2], "http://e1")  # its write publishes A's load with it
         await written(a)
-        await b.index.lookup("m", [1, 2])  # no heartbeat ran: only the lookup carried it
+        await b.shared.lookup("m", [1, 2])  # no heartbeat ran: only the lookup carried it
         assert lb.inflight("http://e1") == 1
         assert lb.pending_prefill("http://e1") == 500
         la.first_byte("http://e1", 500)
-        a.index.record("m", [1, 2, 3], "http://e1")
+        a.shared.record("m", [1, 2, 3], "http://e1")
         await written(a)
-        await b.index.lookup("m", [1, 2, 3])
+        await b.shared.lookup("m", [1, 2, 3])
         assert lb.pending_prefill("http://e1") == 0
         assert la.pending_prefill("http://e1") == 0  # its own is not counted twice
 
@@ -204,19 +205,19 @@ async def test_a_change_of_load_carries_the_queued_writes(redis_server):
     # next lookup when the load change of the request's end makes a round trip anyway.
     async with pair(redis_server.url, store={"write_delay_ms": 10_000}) as (_clock, a, b, la, lb):
         await a.writes.tick()  # A's first load (none) is out
-        a.index.record("m", [7, 8], "http://e1")
+        a.shared.record("m", [7, 8], "http://e1")
         await a.writes.tick()  # no load change, not due: the record waits
-        assert await b.index.lookup("m", [7, 8]) == {}
+        assert await b.shared.lookup("m", [7, 8]) == {}
         la.start("http://e1", 300)
         await a.writes.tick()
-        assert await b.index.lookup("m", [7, 8, 9]) == {"http://e1": 2}
+        assert await b.shared.lookup("m", [7, 8, 9]) == {"http://e1": 2}
         assert lb.inflight("http://e1") == 1
         assert lb.pending_prefill("http://e1") == 300
         trips = a.stats().round_trips
         la.finish("http://e1")
         await a.writes.tick()
         assert a.stats().round_trips == trips + 1
-        await b.index.lookup("m", [5])
+        await b.shared.lookup("m", [5])
         assert lb.inflight("http://e1") == 0
 
 
@@ -231,16 +232,16 @@ async def test_a_request_sent_goes_out_at_once_when_other_routers_are_live(redis
         la.start("http://e2", 200)  # now it goes at once, without a tick
         assert a.writes.flushing is not None
         await a.writes.flushing
-        await b.index.lookup("m", [5])
+        await b.shared.lookup("m", [5])
         assert lb.inflight("http://e2") == 1
         assert lb.pending_prefill("http://e2") == 200
         # its end goes at once too, with the answer's record for the conversation's next turn
         await a.writes.flushing
-        a.index.record("m", [61, 62, 63], "http://e2")  # not news: it would wait
+        a.shared.record("m", [61, 62, 63], "http://e2")  # not news: it would wait
         la.finish("http://e2")
         assert a.writes.flushing is not None and not a.writes.flushing.done()
         await a.writes.flushing
-        assert await b.index.lookup("m", [61, 62, 63]) == {"http://e2": 3}
+        assert await b.shared.lookup("m", [61, 62, 63]) == {"http://e2": 3}
         assert lb.inflight("http://e2") == 0
 
 
@@ -261,27 +262,27 @@ async def test_a_chain_sent_and_not_yet_answered_is_seen_by_the_other_routers(re
         a.writes.holds.hold("m", chain, "http://e1")
         a.writes.holds.hold("m", chain, "http://e1")  # a second request of the same prompt
         await a.writes.flush()  # what the send's kick does
-        assert await b.index.lookup("m", [*chain[:25], 999]) == {"http://e1": 25}
-        assert await b.index.lookup("m", [*chain, 7, 8]) == {"http://e1": 40}
-        assert await b.index.lookup("m", [999, *chain]) == {}
+        assert await b.shared.lookup("m", [*chain[:25], 999]) == {"http://e1": 25}
+        assert await b.shared.lookup("m", [*chain, 7, 8]) == {"http://e1": 40}
+        assert await b.shared.lookup("m", [999, *chain]) == {}
         # beside what the index knows: the deeper of the two counts
-        b.index.record("m", chain[:30], "http://e2")
-        b.index.record("m", chain[:10], "http://e1")
+        b.shared.record("m", chain[:30], "http://e2")
+        b.shared.record("m", chain[:10], "http://e1")
         await written(b)
-        assert await a.index.lookup("m", chain) == {"http://e1": 40, "http://e2": 30}
+        assert await a.shared.lookup("m", chain) == {"http://e1": 40, "http://e2": 30}
         a.writes.holds.release("m", chain, "http://e1")
         await a.writes.flush()
-        assert (await b.index.lookup("m", chain))["http://e1"] == 40  # one is still out
+        assert (await b.shared.lookup("m", chain))["http://e1"] == 40  # one is still out
         a.writes.holds.release("m", chain, "http://e1")
         await a.writes.flush()
-        assert await b.index.lookup("m", chain) == {"http://e1": 10, "http://e2": 30}
+        assert await b.shared.lookup("m", chain) == {"http://e1": 10, "http://e2": 30}
         # a hold whose release never came (the router died) stops counting, and goes
-        a.index.record("m", [555], "http://e1")  # a write that may wait for a lookup
+        a.shared.record("m", [555], "http://e1")  # a write that may wait for a lookup
         a.writes.holds.hold("m", chain, "http://e3")
         await a.writes.tick()  # a hold the send's kick missed goes at the next tick
-        assert (await b.index.lookup("m", chain))["http://e3"] == 40
+        assert (await b.shared.lookup("m", chain))["http://e3"] == 40
         clock.advance(a.writes.holds.max_age_s + 1)
-        assert "http://e3" not in await b.index.lookup("m", chain)
+        assert "http://e3" not in await b.shared.lookup("m", chain)
         r = aioredis.from_url(redis_server.url)
         assert await r.hlen(a.keys.holds_prefix("m") + block_hex(chain[0])) == 0
         await r.aclose()
@@ -300,69 +301,69 @@ async def test_a_request_behind_one_another_router_sent_follows_it(redis_server)
 
         first = await scheds[0].route(prompt("one"))
         assert first.decision.reason == "miss"
-        with Attempt(scheds[0], first, first.decision.backend):
+        with Attempt(scheds[0].ledger, first, first.decision.backend):
             await a.writes.flushing  # the send's kick carries the hold
             behind = await scheds[1].route(prompt("two"))
             assert behind.decision.backend == first.decision.backend
             assert behind.decision.reason == "hit"
             # a hit's hold is not shown: its new blocks are its own question
-            with Attempt(scheds[1], behind, behind.decision.backend):
+            with Attempt(scheds[1].ledger, behind, behind.decision.backend):
                 assert not b.writes.holds.pending()
         await a.writes.flush()
-        assert await b.index.lookup("m", first.hashes) == {}  # released; nothing recorded
+        assert await b.shared.lookup("m", first.hashes) == {}  # released; nothing recorded
 
 
 async def test_a_new_owner_goes_out_at_once_not_at_the_next_tick(redis_server):
     async with pair(redis_server.url, store={"write_delay_ms": 400}) as (_clock, a, b, _la, _lb):
-        a.index.record("m", [41, 42], "http://e1")  # a hit's refresh: waits for a lookup
-        a.index.record("m", [51, 52], "http://e2", news=True)  # a new owner: sent now
+        a.shared.record("m", [41, 42], "http://e1")  # a hit's refresh: waits for a lookup
+        a.shared.record("m", [51, 52], "http://e2", news=True)  # a new owner: sent now
         assert a.writes.flushing is not None  # started at once, not at the flush tick
         await a.writes.flushing
-        assert await b.index.lookup("m", [51, 52]) == {"http://e2": 2}
-        assert await b.index.lookup("m", [41, 42]) == {"http://e1": 2}  # queued went too
+        assert await b.shared.lookup("m", [51, 52]) == {"http://e2": 2}
+        assert await b.shared.lookup("m", [41, 42]) == {"http://e1": 2}  # queued went too
 
 
 async def test_occupancy_and_tail_age_come_from_the_shared_capacity_model(redis_server):
     async with pair(redis_server.url) as (clock, a, b, _la, _lb):  # capacity: 50 blocks a backend
-        await b.index.lookup("m", [999])  # B serves the model but never records for e1
-        a.index.record("m", list(range(1, 31)), "http://e1")  # 30 of 50 blocks: room left
+        await b.shared.lookup("m", [999])  # B serves the model but never records for e1
+        a.shared.record("m", list(range(1, 31)), "http://e1")  # 30 of 50 blocks: room left
         await written(a)
         await b.heartbeat()
-        assert b.index.occupancy("m", "http://e1") == pytest.approx(0.6)
-        assert b.index.tail_age("m", "http://e1") == float("inf")
+        assert b.shared.occupancy("m", "http://e1") == pytest.approx(0.6)
+        assert b.shared.tail_age("m", "http://e1") == float("inf")
         clock.advance(2.0)
-        a.index.record("m", list(range(100, 130)), "http://e1")  # over capacity: trimmed
+        a.shared.record("m", list(range(100, 130)), "http://e1")  # over capacity: trimmed
         await written(a)
         await a.heartbeat()
         await b.heartbeat()
-        assert b.index.occupancy("m", "http://e1") == pytest.approx(1.0)
+        assert b.shared.occupancy("m", "http://e1") == pytest.approx(1.0)
         # the coldest block left was used at the first record, 2 s ago: the same for all
-        assert b.index.tail_age("m", "http://e1") == pytest.approx(2.0, abs=0.01)
-        assert a.index.tail_age("m", "http://e1") == pytest.approx(2.0, abs=0.01)
-        assert b.index.occupancy("m", "http://e2") == 0.0
-        a.index.drop_backend("http://e1")
+        assert b.shared.tail_age("m", "http://e1") == pytest.approx(2.0, abs=0.01)
+        assert a.shared.tail_age("m", "http://e1") == pytest.approx(2.0, abs=0.01)
+        assert b.shared.occupancy("m", "http://e2") == 0.0
+        a.shared.drop_backend("http://e1")
         await written(a)
         await b.heartbeat()
-        assert b.index.occupancy("m", "http://e1") == 0.0
-        assert b.index.tail_age("m", "http://e1") == float("inf")
+        assert b.shared.occupancy("m", "http://e1") == 0.0
+        assert b.shared.tail_age("m", "http://e1") == float("inf")
 
 
 async def test_writes_ride_on_the_next_lookup_or_go_after_the_write_delay(redis_server):
     async with pair(redis_server.url, store={"write_delay_ms": 400}) as (clock, a, b, _la, _lb):
         await a.writes.tick()  # A's first load (none) is out: from now on it is unchanged
-        a.index.record("m", [1, 2], "http://e1")
+        a.shared.record("m", [1, 2], "http://e1")
         await a.writes.tick()
-        assert await b.index.lookup("m", [1, 2]) == {}  # still queued at A
+        assert await b.shared.lookup("m", [1, 2]) == {}  # still queued at A
         trips = a.stats().round_trips
-        await a.index.lookup("m", [9])  # carries the queued write: one round trip for both
+        await a.shared.lookup("m", [9])  # carries the queued write: one round trip for both
         assert a.stats().round_trips == trips + 1
-        assert await b.index.lookup("m", [1, 2]) == {"http://e1": 2}
-        a.index.record("m", [3, 4], "http://e2")
+        assert await b.shared.lookup("m", [1, 2]) == {"http://e1": 2}
+        a.shared.record("m", [3, 4], "http://e2")
         await a.writes.tick()
-        assert await b.index.lookup("m", [3, 4]) == {}  # within the delay it waits
+        assert await b.shared.lookup("m", [3, 4]) == {}  # within the delay it waits
         clock.advance(0.5)  # no lookup came: past the delay the write goes on its own
         await a.writes.tick()
-        assert await b.index.lookup("m", [3, 4]) == {"http://e2": 2}
+        assert await b.shared.lookup("m", [3, 4]) == {"http://e2": 2}
         assert a.stats().round_trips == trips + 2
 
 
@@ -371,13 +372,13 @@ async def test_a_slow_redis_is_not_a_down_redis(redis_server):
         redis_server.url, store={"near_cache_ttl_ms": 1000, "timeout_ms": 20,
                                  "timeout_max_ms": 20}
     ) as (_clock, a, b, _la, _lb):
-        a.index.record("m", [4, 5, 6], "http://e1")
+        a.shared.record("m", [4, 5, 6], "http://e1")
         await written(a)
         os.kill(redis_server.proc.pid, signal.SIGSTOP)  # a real server that answers late
         try:
-            got = await b.index.lookup("m", [4, 5, 6])
+            got = await b.shared.lookup("m", [4, 5, 6])
             assert got == {}  # routed on B's local state, which never saw the record
-            assert b.shared.slow_lookups == 1 and not b.index.degraded
+            assert b.shared.slow_lookups == 1 and not b.shared.degraded
         finally:
             os.kill(redis_server.proc.pid, signal.SIGCONT)
         # the late reply still comes, and fills the near-cache
@@ -385,33 +386,33 @@ async def test_a_slow_redis_is_not_a_down_redis(redis_server):
             if b.shared._late == 0:
                 break
             await b.link.redis.ping()
-        assert not b.index.degraded
+        assert not b.shared.degraded
         trips = b.stats().round_trips
-        assert await b.index.lookup("m", [4, 5, 6]) == {"http://e1": 3}
+        assert await b.shared.lookup("m", [4, 5, 6]) == {"http://e1": 3}
         assert b.stats().round_trips == trips  # answered without asking Redis again
 
 
 async def test_redis_down_routes_on_local_state_and_loses_no_write(redis_server):
     async with pair(redis_server.url) as (clock, a, b, _la, _lb):
         await live(a, b)
-        a.index.record("m", [7, 8, 9], "http://e1")
+        a.shared.record("m", [7, 8, 9], "http://e1")
         await written(a)
         redis_server.stop()
-        assert await a.index.lookup("m", [7, 8, 9]) == {"http://e1": 3}  # its local table
-        assert a.index.degraded
+        assert await a.shared.lookup("m", [7, 8, 9]) == {"http://e1": 3}  # its local table
+        assert a.shared.degraded
         a.writes.holds.hold("m", [7, 8, 9], "http://e1")  # a hold is not queued while Redis is away
         assert not a.writes.holds.pending()
-        a.index.record("m", [10, 11], "http://e2")  # queued, not lost
+        a.shared.record("m", [10, 11], "http://e2")  # queued, not lost
         await a.writes.flush()  # down: not even tried
         redis_server.start()  # back, and empty
         await a.reconnect()
-        assert a.index.degraded  # not before its retry time
+        assert a.shared.degraded  # not before its retry time
         clock.advance(1.5)
         await a.reconnect()
         await b.reconnect()
-        assert not a.index.degraded and not b.index.degraded
+        assert not a.shared.degraded and not b.shared.degraded
         await a.writes.flush()
-        assert await b.index.lookup("m", [10, 11]) == {"http://e2": 2}
+        assert await b.shared.lookup("m", [10, 11]) == {"http://e2": 2}
 
 
 async def test_password_auth(make_redis, monkeypatch):
@@ -419,15 +420,15 @@ async def test_password_auth(make_redis, monkeypatch):
     monkeypatch.setenv("TEST_REDIS_PASSWORD", "s3cret")
     auth = {"store": {"password_env": "TEST_REDIS_PASSWORD"}}
     s, _ = await make(srv.url, "r", Clock(), **auth)
-    s.index.record("m", [1, 2], "http://e1")
+    s.shared.record("m", [1, 2], "http://e1")
     await written(s)
-    assert await s.index.lookup("m", [1, 2]) == {"http://e1": 2}
-    assert not s.index.degraded
+    assert await s.shared.lookup("m", [1, 2]) == {"http://e1": 2}
+    assert not s.shared.degraded
     await s.close()
     monkeypatch.setenv("TEST_REDIS_PASSWORD", "wrong")
     bad, _ = await make(srv.url, "r", Clock(), **auth)
-    assert bad.index.degraded
-    assert await bad.index.lookup("m", [1, 2]) == {}
+    assert bad.shared.degraded
+    assert await bad.shared.lookup("m", [1, 2]) == {}
     await bad.close()
 
 
@@ -465,19 +466,19 @@ def test_a_chain_travels_as_one_string_of_the_same_hex_words():
 async def test_an_answer_recorded_after_its_prompt_stays_one_chain(redis_server):
     async with pair(redis_server.url) as (_clock, a, b, _la, _lb):  # capacity: 50 blocks a backend
         prompt, answer = list(range(1, 31)), list(range(31, 61))
-        a.index.record("m", prompt, "http://e1")
+        a.shared.record("m", prompt, "http://e1")
         await written(a)
-        a.index.record("m", prompt + answer, "http://e1", known=len(prompt))  # 30 new blocks
+        a.shared.record("m", prompt + answer, "http://e1", known=len(prompt))  # 30 new blocks
         await written(a)
         # 60 blocks over a capacity of 50: the deepest go, never a block in the middle
-        assert await b.index.lookup("m", prompt + answer) == {"http://e1": 50}
-        assert await b.index.lookup("m", prompt) == {"http://e1": 30}
+        assert await b.shared.lookup("m", prompt + answer) == {"http://e1": 50}
+        assert await b.shared.lookup("m", prompt) == {"http://e1": 30}
 
 
 async def test_the_lookup_budget_follows_the_typical_lookup_time_within_its_bounds():
     s = SharedStore(settings("redis://127.0.0.1:1/0", store={
         "timeout_ms": 5, "timeout_max_ms": 40, "timeout_factor": 4}), LoadTracker(), "r")
-    idx = s.shared
+    idx = s.table(LocalIndex(16, 0, 600.0, 1000))
     assert idx.budget == pytest.approx(0.005)
     for _ in range(200):
         idx._timed(0.0003)  # a healthy Redis on the same network: the floor holds

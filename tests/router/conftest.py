@@ -1,32 +1,34 @@
-"""A Scheduler in-process (real index, load counts and profile; no HTTP), as the proxy drives
-it, and its Attempts."""
+"""A router core in-process (real index, load counts and profile; no HTTP), as the proxy
+drives it, and its Attempts."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 
 from prefix_router.backends import BackendSet
 from prefix_router.config import RouterSettings
-from prefix_router.load import LoadTracker
-from prefix_router.metrics import RouterMetrics
-from prefix_router.scheduling import Scheduler
-from prefix_router.store import local_index
+from prefix_router.core import RouterCore, build_core
 
-MakeScheduler = Callable[[Sequence[str], int], Scheduler]
+MakeCore = Callable[..., RouterCore]
 
 
 @pytest.fixture
-def make_scheduler() -> MakeScheduler:
-    def make(backends: Sequence[str], kv_capacity_tokens: int) -> Scheduler:
-        s = RouterSettings(kv_capacity_tokens=kv_capacity_tokens)  # otherwise the defaults
+def make_core(tokenizer_dir) -> MakeCore:
+    def make(
+        backends: Sequence[str], kv_capacity_tokens: int, clock: Callable[[], float] | None = None,
+        **settings: Any,
+    ) -> RouterCore:
+        if settings.get("index") == "events":
+            settings.setdefault("tokenizer", str(tokenizer_dir))  # events name token ids
+        s = RouterSettings(kv_capacity_tokens=kv_capacity_tokens, **settings)
         members = BackendSet()
         members.set_members(list(backends))
-        return Scheduler(s, members, local_index(s), LoadTracker(), RouterMetrics())
+        return build_core(s, members, **({"clock": clock} if clock else {}))
 
     return make
-
 
 
 @pytest.fixture(scope="session")

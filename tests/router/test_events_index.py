@@ -80,6 +80,7 @@ def test_the_capacity_is_the_most_an_engine_held_since_it_evicted_and_a_restart_
 def test_the_eviction_scorer_charges_the_engine_that_thrashes() -> None:
     from prefix_router.config import RouterSettings
     from prefix_router.scheduling.candidate import Ask, Candidate
+    from prefix_router.scheduling.scorers import Signals
     from prefix_router.scheduling.scorers.eviction import build
 
     clock = Clock()
@@ -95,7 +96,7 @@ def test_the_eviction_scorer_charges_the_engine_that_thrashes() -> None:
     cands = [Candidate(SMALL), Candidate(BIG)]
     for c in cands:
         c.tail_age = index.tail_age("m", c.name)
-    scorer = build(RouterSettings(), None)
+    scorer = build(RouterSettings(), Signals())
     assert scorer is not None
     scores = scorer(cands, Ask(1, 4, 0, clock.now))
     assert scores is not None

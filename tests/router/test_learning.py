@@ -45,15 +45,16 @@ def test_the_table_holds_what_its_engine_was_learned_to_hold() -> None:
     assert t.match(chain, now=60.0) == {"a": 10, "b": 4}
 
 
-async def test_a_reported_cache_miss_is_counted_and_other_prefixes_stay(make_scheduler) -> None:
+async def test_a_reported_cache_miss_is_counted_and_other_prefixes_stay(make_core) -> None:
     # the index says backend a holds two system prompts; a's engine answers that it held none
     # of one of them. The miss is counted (the prediction-error metrics), and the index does
     # not infer from it that a also dropped the other, older one: that inference (a keep
     # time learned from the miss's age) was measured to lower the hit rate on llama-server
     # and on the simulator (bench/results/real-engine/causes.md)
     a = "http://192.0.2.1:8000"
-    sched = make_scheduler([a, "http://192.0.2.2:8000"], 1_000_000)
-    index = sched.index
+    clock = [1000.0]
+    core = make_core([a, "http://192.0.2.2:8000"], 1_000_000, clock=lambda: clock[0])
+    index = core.index.table
     assert isinstance(index, LocalIndex)
 
     def chat(system: str, user: str):
@@ -61,63 +62,52 @@ async def test_a_reported_cache_miss_is_counted_and_other_prefixes_stay(make_sch
                                            {"role": "user", "content": user}]}  # fmt: skip
         return parse_request(json.dumps(body).encode(), "chat")
 
-    clock = [1000.0]
-    index._clock = lambda: clock[0]  # type: ignore[method-assign]
-    first = await sched.route(chat("S" * 4000, "one"))
-    other = await sched.route(chat("T" * 4000, "two"))
+    first = await core.route(chat("S" * 4000, "one"))
+    other = await core.route(chat("T" * 4000, "two"))
     index.record("m", other.hashes, a)
     clock[0] += 10.0
     index.record("m", first.hashes, a)
     clock[0] += 40.0
-    again = await sched.route(chat("S" * 4000, "three"))
+    again = await core.route(chat("S" * 4000, "three"))
     assert (again.decision.reason, again.decision.backend) == ("hit", a)
-    with Attempt(sched, again, a) as at:
+    with Attempt(core.ledger, again, a) as at:
         at.answered(200)
         at.first_byte(streamed=False)
         at.done(None, (int(again.prompt_tokens), 0))  # the engine held nothing of it
-    samples = sched.metrics.corrections.collect()[0].samples
+    samples = core.metrics.corrections.collect()[0].samples
     assert [x.value for x in samples if x.name.endswith("_total")
             and x.labels["direction"] == "over"] == [1.0]
     assert await index.lookup("m", other.hashes) == {a: len(other.hashes)}
 
 
-async def test_a_prompt_held_whole_is_not_a_correction_for_its_last_block(tokenizer_dir) -> None:
+async def test_a_prompt_held_whole_is_not_a_correction_for_its_last_block(
+    make_core, tokenizer_dir
+) -> None:
     # an engine computes at least a prompt's last token (vLLM caps a hit at prompt - 1): of a
     # prompt held whole, block-aligned, it reports one block less, and has dropped nothing
-    from prefix_router.backends import BackendSet
-    from prefix_router.config import RouterSettings
-    from prefix_router.load import LoadTracker
-    from prefix_router.metrics import RouterMetrics
-    from prefix_router.scheduling import Scheduler
-    from prefix_router.store import local_index
-
-    s = RouterSettings(kv_capacity_tokens=100_000, tokenizer=str(tokenizer_dir),
-                       cached_tokens_reported=True)
-    members = BackendSet()
-    members.set_members(["http://192.0.2.1:8000"])
-    sched = Scheduler(s, members, local_index(s), LoadTracker(), RouterMetrics())
-    index = sched.index
-    assert isinstance(index, LocalIndex)
     clock = [1000.0]
-    index._clock = lambda: clock[0]  # type: ignore[method-assign]
+    core = make_core(["http://192.0.2.1:8000"], 100_000, clock=lambda: clock[0],
+                     tokenizer=str(tokenizer_dir), cached_tokens_reported=True)
+    index = core.index.table
+    assert isinstance(index, LocalIndex)
     for words in range(40, 400):  # a prompt whose token count is a multiple of the block
         body = {"model": "m", "messages": [{"role": "user", "content": "hi " * words}]}
         parsed = parse_request(json.dumps(body).encode(), "chat")
-        first = await sched.route(parsed)
+        first = await core.route(parsed)
         if int(first.prompt_tokens) % 16 == 0:
             break
     tokens = int(first.prompt_tokens)
-    with Attempt(sched, first, first.decision.backend) as a:
+    with Attempt(core.ledger, first, first.decision.backend) as a:
         a.answered(200)
         a.first_byte(streamed=False)
         a.done(None, (tokens, None))
     clock[0] += 30.0
-    again = await sched.route(parsed)
+    again = await core.route(parsed)
     assert again.decision.matched_blocks == tokens // 16
-    with Attempt(sched, again, again.decision.backend) as a:
+    with Attempt(core.ledger, again, again.decision.backend) as a:
         a.answered(200)
         a.first_byte(streamed=False)
         a.done(None, (tokens, tokens - 16))  # all but the last block, as vLLM reports it
-    corrections = sched.metrics.corrections.collect()[0].samples
+    corrections = core.metrics.corrections.collect()[0].samples
     assert not [x for x in corrections if x.name.endswith("_total") and x.value]
     assert await index.lookup("m", again.hashes) == {"http://192.0.2.1:8000": tokens // 16}

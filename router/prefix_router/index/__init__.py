@@ -1,11 +1,15 @@
 """The prefix index: which backends hold which prefix blocks, as far as the router can tell.
 
-One interface, several implementations: the local table of this router process
-(`LocalIndex`; `EventsIndex` when the engines' KV events feed it), the table every router
-replica shares through Redis (`redis/`), and, in front of either, the chains of requests
-sent and not yet confirmed by their engine (`PendingIndex`). A chain is a list of chained
-block hashes (prefix.py); a backend's holding of a chain is its leading blocks, so a lookup
-answers, per backend, how many leading blocks it holds.
+Routing and attempts see one interface, `PrefixIndex`, whatever feeds it; factory.py builds
+the implementation the settings name, once. Each mode is one module:
+  decisions.py  `approx`: the router's own decisions, modelled as an LRU of each engine's
+                capacity; `corrected`: the same, corrected by the cached tokens engines report
+  events.py     `events`: the engines' KV events (events/), decisions speculative until the
+                engine's events confirm them
+Underneath, an `Ownership` table holds the blocks: this process's (`LocalIndex`, local.py) or
+the one every router replica shares through Redis (redis/index.py). A chain is a list of
+chained block hashes (prefix.py); a backend's holding of a chain is its leading blocks, so a
+lookup answers, per backend, how many leading blocks it holds.
 """
 
 from __future__ import annotations
@@ -15,25 +19,33 @@ from typing import Protocol
 
 
 class PrefixIndex(Protocol):
+    """What routing (scheduling/) and a request's attempts (attempt.py) ask of the index."""
+
     async def lookup(self, model: str, hashes: Sequence[int]) -> dict[str, int]:
-        """Per backend holding any of it, how many leading blocks of the chain it holds."""
+        """Per backend holding any of it, how many leading blocks of the chain it holds,
+        chains sent and not yet answered included."""
         ...
 
-    def record(
-        self, model: str, hashes: Sequence[int], backend: str, *, news: bool = False,
-        known: int = 0,
+    def hold(self, model: str, hashes: Sequence[int], backend: str, news: bool) -> None:
+        """A request with this chain was sent to `backend`: requests right behind it follow
+        it there until `release`. `news`: the backend did not hold it all (other router
+        replicas are shown the hold)."""
+        ...
+
+    def release(self, model: str, hashes: Sequence[int], backend: str, news: bool) -> None: ...
+
+    def own(
+        self, model: str, hashes: Sequence[int], backend: str, *, known: int = 0,
+        news: bool = False,
     ) -> None:
-        """`backend` holds the whole chain. `news`: it did not before (other routers should
-        hear at once); `known`: its first blocks were just recorded (a store may skip them)."""
+        """`backend`'s engine computed the chain: it holds it now. `known`: its first blocks
+        were just owned there (the answer's blocks follow the prompt's); `news`: it did not
+        hold the prompt before."""
         ...
 
-    def touch(self, model: str, hashes: Sequence[int], backend: str) -> None:
-        """A request `backend` served used the blocks of the chain it holds (their last use is
-        now); nothing is added."""
-        ...
-
-    def truncate(self, model: str, hashes: Sequence[int], backend: str, keep: int) -> None:
-        """`backend` holds only the first `keep` blocks of the chain."""
+    def correct(self, model: str, backend: str, predicted: int, held: int) -> bool:
+        """The engine reported holding `held` of the `predicted` leading blocks. True when
+        this index takes that as evidence (index/learning.py)."""
         ...
 
     def occupancy(self, model: str, backend: str) -> float:
@@ -42,6 +54,32 @@ class PrefixIndex(Protocol):
 
     def tail_age(self, model: str, backend: str) -> float:
         """Seconds since a full backend's coldest block was used (infinity: it has room)."""
+        ...
+
+    def drop_backend(self, backend: str) -> None: ...
+    def expire(self) -> int: ...
+    def entries(self) -> int: ...
+
+    @property
+    def degraded(self) -> bool:
+        """Routing on less than the index should know (a shared store unreachable)."""
+        ...
+
+    async def start(self) -> None: ...
+    async def close(self) -> None: ...
+
+
+class Ownership(Protocol):
+    """A table of which backend holds which blocks: local (local.py) or shared (redis/)."""
+
+    async def lookup(self, model: str, hashes: Sequence[int]) -> dict[str, int]: ...
+
+    def record(
+        self, model: str, hashes: Sequence[int], backend: str, *, news: bool = False,
+        known: int = 0,
+    ) -> None:
+        """`backend` holds the whole chain. `news`: it did not before (other routers should
+        hear at once); `known`: its first blocks were just recorded (a store may skip them)."""
         ...
 
     def learn(self, model: str, backend: str, predicted: int, held: int) -> bool:
@@ -53,14 +91,14 @@ class PrefixIndex(Protocol):
         """A block holds this many engine tokens (sizing.py learned it)."""
         ...
 
+    def occupancy(self, model: str, backend: str) -> float: ...
+    def tail_age(self, model: str, backend: str) -> float: ...
     def drop_backend(self, backend: str) -> None: ...
     def expire(self) -> int: ...
     def entries(self) -> int: ...
 
     @property
-    def degraded(self) -> bool:
-        """Routing on less than the index should know (a shared store unreachable)."""
-        ...
+    def degraded(self) -> bool: ...
 
     async def start(self) -> None: ...
     async def close(self) -> None: ...

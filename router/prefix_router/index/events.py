@@ -1,5 +1,12 @@
-"""The index the engines' KV events feed (events/feed.py): what each engine holds, kept until it
-says a block is gone, with no configured capacity and no TTL. Pure.
+"""Index mode `events`: the engines' KV events (events/feed.py) say what each engine holds,
+kept until it says a block is gone, with no configured capacity and no TTL. Pure; the
+subscriber that feeds it (events/subscriber.py) is attached by `build`.
+
+The router's own decisions only bridge the time until the events come: a chain sent is held
+as pending while in flight, and once its engine answered, the blocks the index did not have
+there are a speculative entry, until the engine's events settle them or for
+`events.speculative_s` if they never do. Reported cached tokens are not evidence here: the
+events are better.
 
 What the events do not say is how full an engine is, and the eviction scorer needs it (a full
 backend's coldest block is what a new prefix there would push out). An engine evicts only
@@ -14,10 +21,36 @@ own LRU would evict next.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from .local import LocalIndex
+from .pending import PendingIndex
+
+if TYPE_CHECKING:
+    from .factory import Parts
+
+
+def build(p: Parts) -> EventsIndex:
+    """The index, and the subscriber that feeds it from every engine that joins."""
+    from ..events.subscriber import EventSubscriber  # pyzmq: only where events are read
+
+    s = p.settings
+    index = EventsIndex(
+        s.block_size, s.max_table_entries, s.max_owners, p.clock, s.events.speculative_s
+    )
+    events = EventSubscriber(
+        s.events, index, s.block_size, lambda backend, lora: lora or p.model_of(backend),
+        index.forget, index.settle,
+    )
+    p.sizing.watch(index.resize)
+    p.metrics.watch_events(events.stats)
+    p.backends.on_join(events.join)
+    p.backends.on_gone(lambda backend: asyncio.ensure_future(events.leave(backend)))
+    index.on_close = events.close
+    return index
 
 
 class EventsIndex(LocalIndex):
@@ -27,9 +60,57 @@ class EventsIndex(LocalIndex):
         max_entries: int,
         max_owners: int = 0,
         clock: Callable[[], float] = time.monotonic,
+        speculative_s: float = 10.0,
     ) -> None:
         super().__init__(block_tokens, 0, float("inf"), max_entries, max_owners, clock)
         self._full_at: dict[str, int] = {}  # backend -> the most blocks held since it evicted
+        self.pending = PendingIndex()  # chains sent, not yet answered
+        self.speculative = PendingIndex()  # chains answered whose events have not come yet
+        self._speculative_s = speculative_s
+        self.on_close: Callable[[], Awaitable[None]] | None = None  # the subscriber's
+
+    # -- routing and attempts (PrefixIndex) -------------------------------------------------
+    async def lookup(self, model: str, hashes: Sequence[int]) -> dict[str, int]:
+        if not hashes:
+            return {}
+        self.speculative.expire(self._clock())
+        matches = self.pending.merge(model, hashes, self.match(model, hashes))
+        return self.speculative.merge(model, hashes, matches)
+
+    def hold(self, model: str, hashes: Sequence[int], backend: str, news: bool) -> None:
+        self.pending.hold(model, hashes, backend)
+
+    def release(self, model: str, hashes: Sequence[int], backend: str, news: bool) -> None:
+        self.pending.release(model, hashes, backend)
+
+    def own(
+        self, model: str, hashes: Sequence[int], backend: str, *, known: int = 0,
+        news: bool = False,
+    ) -> None:
+        """Only the blocks the index does not have there become speculative: the rest it
+        knows from the engine's events already, and their use is touched."""
+        start = known or self.match(model, hashes).get(backend, 0)
+        self.touch(model, hashes[:start], backend)
+        until = self._clock() + self._speculative_s
+        self.speculative.hold_until(model, hashes[start:], backend, until)
+
+    def correct(self, model: str, backend: str, predicted: int, held: int) -> bool:
+        return False
+
+    def settle(self, backend: str, model: str, keys: list[int]) -> None:
+        """The engine's events said what became of these blocks: no speculative entry of
+        them stands any longer."""
+        self.speculative.settle(model, keys, backend)
+
+    def forget(self, backend: str) -> None:
+        """The engine's cache was emptied (a restart, an unrecoverable gap)."""
+        self.speculative.drop_backend(backend)
+
+    async def close(self) -> None:
+        if self.on_close is not None:
+            await self.on_close()
+
+    # -- what the events say of each engine --------------------------------------------------
 
     def held(self, backend: str) -> int:
         """Blocks the engine holds, over every model (its LoRAs share one pool)."""
@@ -67,4 +148,5 @@ class EventsIndex(LocalIndex):
 
     def drop_backend(self, backend: str) -> None:
         self._full_at.pop(backend, None)  # a restarted engine may be another size
+        self.speculative.drop_backend(backend)
         super().drop_backend(backend)

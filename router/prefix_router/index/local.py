@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from .holding import FULL
-from .learning import EngineCache
+from .learning import CapacityModel
 from .table import OwnershipTable
 
 
@@ -21,19 +21,18 @@ class LocalIndex:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._args = (block_tokens, capacity_tokens, ttl, max_entries, max_owners)
-        self._capacity = capacity_tokens
         self._tables: dict[str, OwnershipTable] = {}
         self._clock = clock
         self._block_tokens: float = block_tokens
-        self._engines: dict[str, EngineCache] = {}  # learned per backend (learning.py)
+        self.capacity = CapacityModel(capacity_tokens, block_tokens)
 
     def table(self, model: str) -> OwnershipTable:
         t = self._tables.get(model)
         if t is None:
             t = self._tables[model] = OwnershipTable(*self._args)
             t.resize(self._block_tokens)
-            for backend, engine in self._engines.items():
-                self._limit(t, backend, engine)
+            for backend in self.capacity.learned():
+                t.limit(backend, self.capacity.blocks(backend))
         return t
 
     def match(self, model: str, hashes: Sequence[int]) -> dict[str, int]:
@@ -65,26 +64,21 @@ class LocalIndex:
     def learn(self, model: str, backend: str, predicted: int, held: int) -> bool:
         """An answer's evidence of what `backend` held (learning.py); True when it moved the
         index's model of that engine."""
-        engine = self._engines.setdefault(backend, EngineCache())
         full = self.occupancy(model, backend) >= FULL
-        if not engine.observe(predicted, held, full):
+        if not self.capacity.learn(backend, predicted, held, full):
             return False
         for t in self._tables.values():
-            self._limit(t, backend, engine)
+            t.limit(backend, self.capacity.blocks(backend))
         return True
-
-    def _limit(self, t: OwnershipTable, backend: str, engine: EngineCache) -> None:
-        base = self._capacity / self._block_tokens if self._capacity > 0 else 0
-        t.limit(backend, int(base * engine.scale))
 
     def resize(self, block_tokens: float) -> None:
         """A block holds this many engine tokens now (sizing.py)."""
         self._block_tokens = block_tokens
+        self.capacity.resize(block_tokens)
         for t in self._tables.values():
             t.resize(block_tokens)
-        for backend, engine in self._engines.items():
-            for t in self._tables.values():
-                self._limit(t, backend, engine)
+            for backend in self.capacity.learned():
+                t.limit(backend, self.capacity.blocks(backend))
 
     def occupancy(self, model: str, backend: str) -> float:
         t = self._tables.get(model)
@@ -95,7 +89,7 @@ class LocalIndex:
         return float("inf") if t is None else t.tail_age(backend, self._clock())
 
     def drop_backend(self, backend: str) -> None:
-        self._engines.pop(backend, None)  # a replacement starts with nothing learned
+        self.capacity.drop(backend)
         for t in self._tables.values():
             t.drop_backend(backend)
 

@@ -25,8 +25,9 @@ from collections.abc import Awaitable, Callable
 
 from ..config import RouterSettings
 from ..contract import StoreKeys
+from ..index.local import LocalIndex
 from ..load import LoadTracker
-from ..store import Store, StoreStats, local_index
+from ..store import Store, StoreStats
 from .capacity import Capacity
 from .figures import FiguresPublisher
 from .holds import SharedHolds
@@ -68,15 +69,13 @@ class SharedStore(Store):
         self.figures = FiguresPublisher(
             self.link, self.keys, self.router_id, load, s.block_size, clock, wall
         )
-        self.shared = SharedIndex(
-            s, self.link, self.keys, self.writes, self.peers, self.capacity, local_index(s), clock,
-            wall,
-        )
-        # with the engines' events every router builds the same index from them (events/):
-        # the store then carries the load, the figures and the working set, not the index
-        super().__init__(local_index(s) if s.index == "events" else self.shared)
-        # and no lookup would read this router's holds
-        self.holds = None if s.index == "events" else holds
+        # built by the index modes that keep a shared table (index/factory.py): with the
+        # engines' events every router builds the same index from them, and the store carries
+        # the load, the figures and the working set alone
+        self.shared: SharedIndex | None = None
+        self._holds = holds
+        self._clock = clock
+        self._wall = wall
         self.observe = self.figures.observe
         load.on_edge = self._edge
         self.timer_round_trips = 0
@@ -91,16 +90,29 @@ class SharedStore(Store):
         if self.peers.others:
             self.writes.kick()
 
+    def table(self, local: LocalIndex) -> SharedIndex:
+        """The table every router replica shares, with `local` kept in step for lookups
+        that Redis cannot answer in time (one per store: built on the first call)."""
+        if self.shared is not None:
+            return self.shared
+        self.shared = SharedIndex(
+            self.settings, self.link, self.keys, self.writes, self.peers, self.capacity, local,
+            self._clock, self._wall,
+        )
+        self.holds = self._holds  # the others' lookups read this router's holds
+        return self.shared
+
     def requested(self, model: str, hashes: list[int]) -> None:
         self.writes.add_working_set(hashes)
 
     def stats(self) -> StoreStats:
+        shared = self.shared
         return StoreStats(
             degraded=self.link.down,
-            round_trips=self.shared.round_trips + self.writes.flushes,
+            round_trips=(shared.round_trips if shared else 0) + self.writes.flushes,
             timer_round_trips=self.timer_round_trips,
-            slow_lookups=self.shared.slow_lookups,
-            budget_s=self.shared.budget,
+            slow_lookups=shared.slow_lookups if shared else 0,
+            budget_s=shared.budget if shared else 0.0,
             working_set_tokens=self.figures.working_set_tokens,
         )
 
@@ -109,7 +121,8 @@ class SharedStore(Store):
         if self.link.down:
             return
         await self.peers.heartbeat()
-        await self.capacity.read(self.shared.models)
+        if self.shared is not None:
+            await self.capacity.read(self.shared.models)
         self.timer_round_trips += 2
 
     async def publish(self) -> None:
@@ -129,7 +142,7 @@ class SharedStore(Store):
 
     async def reconnect(self) -> None:
         """The reconnection job: one try while Redis is away."""
-        if await self.link.reconnect():
+        if await self.link.reconnect() and self.shared is not None:
             self.shared.reconnected()
 
     def _every(
@@ -158,6 +171,7 @@ class SharedStore(Store):
             _done, stuck = await asyncio.wait(self._tasks, timeout=2.0)
             for t in stuck:
                 log.warning("background task %s did not stop within 2 s", t.get_name())
-        with contextlib.suppress(*FAILURES):
-            await self.shared.close()
+        if self.shared is not None:
+            with contextlib.suppress(*FAILURES):
+                await self.shared.close()
         await self.link.close()

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from ..config import RouterSettings
 from ..contract import StoreKeys
 from ..index.holding import FULL
-from ..index.learning import EngineCache
+from ..index.learning import CapacityModel
 from .link import RedisLink
 
 
@@ -25,24 +25,24 @@ class Capacity:
         self._link = link
         self._keys = keys
         self._wall = wall
-        self._capacity_tokens = s.kv_capacity_tokens
         # with no capacity known, a backend's blocks in Redis are bounded as the index is here
-        self._unbounded = max(1000, min(s.store.max_entries_per_model, s.max_table_entries) // 16)
-        self.blocks = 0  # a backend's configured capacity, in blocks
-        self.resize(s.block_size)
-        self._learned: dict[str, int] = {}  # per backend, where learned (learning.py)
+        unbounded = max(1000, min(s.store.max_entries_per_model, s.max_table_entries) // 16)
+        self.model = CapacityModel(s.kv_capacity_tokens, s.block_size, unbounded)
         # per model and backend: (blocks its capacity model holds, last use of the coldest)
         self._held: dict[str, dict[str, tuple[int, float]]] = {}
-        self.engines: dict[str, EngineCache] = {}  # learned per backend
+
+    @property
+    def blocks(self) -> int:
+        """A backend's configured capacity, in blocks."""
+        return self.model.configured
 
     def resize(self, block_tokens: float) -> None:
         """A block holds this many engine tokens (sizing.py)."""
-        cap = int(self._capacity_tokens / block_tokens) if self._capacity_tokens else 0
-        self.blocks = max(cap, 1) if cap else self._unbounded
+        self.model.resize(block_tokens)
 
     def of(self, backend: str) -> int:
         """Blocks `backend` may hold in the shared capacity model."""
-        return self._learned.get(backend) or self.blocks
+        return self.model.blocks(backend)
 
     def occupancy(self, model: str, backend: str) -> float:
         held = self._held.get(model, {}).get(backend)
@@ -55,16 +55,11 @@ class Capacity:
         return max(self._wall() - held[1], 0.0)
 
     def learn(self, model: str, backend: str, predicted: int, held: int) -> bool:
-        engine = self.engines.setdefault(backend, EngineCache())
         full = self.occupancy(model, backend) >= FULL
-        if not engine.observe(predicted, held, full):
-            return False
-        self._learned[backend] = int(self.blocks * engine.scale)
-        return True
+        return self.model.learn(backend, predicted, held, full)
 
     def drop(self, backend: str) -> None:
-        self.engines.pop(backend, None)
-        self._learned.pop(backend, None)
+        self.model.drop(backend)
         for held in self._held.values():
             held.pop(backend, None)
 

@@ -6,6 +6,6 @@ filters (filters.py), scorers (scorers/, one module each, all in prefill tokens)
 """
 
 from .candidate import Ask, Candidate, Decision
-from .scheduler import Route, Scheduler
+from .scheduler import Scheduler
 
-__all__ = ["Ask", "Candidate", "Decision", "Route", "Scheduler"]
+__all__ = ["Ask", "Candidate", "Decision", "Scheduler"]

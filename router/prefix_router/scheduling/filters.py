@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from ..backends import Backend
+from ..backends import Backend, BackendSet
+from ..errors import RequestError
 from .candidate import Candidate
 
 
@@ -44,3 +45,17 @@ def within_load(
     within = [c for c in cands if c.in_flight + 1 <= limit]
     held = [c for c in cands if c.in_flight + 1 > limit]
     return within, held
+
+
+def eligible(backends: BackendSet, models: frozenset[str], model: str) -> list[Backend]:
+    """The healthy backends serving `model`: a 404 for a model no backend serves (nor the
+    settings name), a 503 with none healthy."""
+    served = models or backends.served_models()
+    if served and model not in served:
+        raise RequestError(
+            404, f"The model `{model}` does not exist.", param="model", code="model_not_found"
+        )
+    healthy = backends.healthy()
+    if not healthy:
+        raise RequestError(503, "no healthy backend is available", retry_after=1)
+    return serving(healthy, model)

@@ -1,9 +1,8 @@
-"""From a parsed request to a routing decision.
+"""From a request's prefix key to a routing decision: the scheduler's one job.
 
-Order of work for one request: prefix key (chained block hashes) -> one index lookup for the
-whole chain, merged with the chains still pending -> candidates (healthy backends serving the
-model, with their load as it is after the lookup) -> the policy's profile (filters, scorers,
-picker).
+Order of work for one request: one index lookup for the whole chain (holds of chains in
+flight merged in by the index) -> candidates (the backends serving the model, with their load
+as it is after the lookup) -> the policy's profile (filters, scorers, picker).
 """
 
 from __future__ import annotations
@@ -11,115 +10,60 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 import xxhash
 
-from ..backends import Backend, BackendSet
+from ..backends import Backend
 from ..config import RouterSettings
-from ..errors import RequestError
 from ..index import PrefixIndex
-from ..index.pending import PendingIndex
+from ..keying import Key
 from ..load import LoadTracker
 from ..metrics import RouterMetrics
-from ..offload import Offload
-from ..parsing import ParsedRequest, next_turn_canonical
-from ..prefix import block_hashes, chain_seed
-from ..sizing import Sizing
 from .candidate import Ask, Candidate, Decision
-from .filters import serving
 from .profiles import PROFILES
 from .scorers import Signals
 
-if TYPE_CHECKING:
-    from ..tokens import ChatTokenizer
-
 log = logging.getLogger("prefix_router.decisions")
-
-
-@dataclass(slots=True)
-class Route:
-    """A request with its decision: what the proxy forwards and the attempts record."""
-
-    parsed: ParsedRequest
-    seed: int
-    hashes: list[int]
-    prompt_tokens: float
-    decision: Decision
-    started: float  # time.perf_counter() when routing began
 
 
 class Scheduler:
     def __init__(
         self,
         settings: RouterSettings,
-        backends: BackendSet,
         index: PrefixIndex,
         load: LoadTracker,
         metrics: RouterMetrics,
-        observe: Callable[[float, float], None] | None = None,
+        signals: Signals,
         requested: Callable[[str, list[int]], None] | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.settings = settings
-        self.backends = backends
-        self.index = index
-        self.load = load
-        self.metrics = metrics
-        # (prompt tokens, predicted cached tokens) of each request served: the figures a
-        # shared store publishes for the autoscaler (none without one)
-        self.observe = observe
-        self.requested = requested
-        self._models = frozenset(settings.models)
-        self.clock = clock
-        self.pending = PendingIndex()  # chains sent, not yet answered
-        # with the engines' events: chains answered whose events have not come yet
-        self.speculative = PendingIndex()
-        self.signals = Signals()
+        self._policy = settings.policy
+        self._log = settings.log_decisions
+        self._index = index
+        self._load = load
+        self._metrics = metrics
+        # a request asked for this chain: the working set a shared store publishes
+        self._requested = requested
+        self._clock = clock
         self._rng = rng or random.Random()
-        self.profile = PROFILES[settings.policy](settings, self.signals, self._rng)
-        self.offload = Offload()
-        self.tokenizer: ChatTokenizer | None = None
-        if settings.tokenizer:
-            from ..tokens import ChatTokenizer  # tokenizers, jinja2: only where configured
+        self.profile = PROFILES[settings.policy](settings, signals, self._rng)
 
-            self.tokenizer = ChatTokenizer(settings.tokenizer)
-        self.sizing = Sizing(
-            settings.block_size, settings.block_bytes, settings.bytes_per_token,
-            exact=self.tokenizer is not None,
-        )
-        self._block_bytes = self.sizing.block_bytes
-        index.resize(self.sizing.block_tokens)
-
-    def check_model(self, model: str) -> None:
-        served = self._models or self.backends.served_models()
-        if served and model not in served:
-            raise RequestError(
-                404, f"The model `{model}` does not exist.", param="model", code="model_not_found"
-            )
-
-    async def route(self, parsed: ParsedRequest) -> Route:
-        started = time.perf_counter()
-        self.check_model(parsed.model)
-        healthy = self.backends.healthy()
-        if not healthy:
-            raise RequestError(503, "no healthy backend is available", retry_after=1)
-        s = self.settings
-        model = parsed.model
-        backends = serving(healthy, model)
-        seed = chain_seed(model, parsed.cache_salt)
-        hashes = await self.offload.run(len(parsed.canonical), self._key, parsed, seed, backends)
-        canonical = parsed.canonical
+    async def route(
+        self, model: str, key: Key, backends: Sequence[Backend], canonical: bytes = b""
+    ) -> Decision:
+        """The backend for a request with this key, among `backends` (those serving its
+        model), and the order of the others for retries. `canonical`: the prompt's bytes,
+        for the profiles that hash them instead of reading the index."""
+        hashes = key.hashes
         profile = self.profile
         matches = await self._lookup(model, hashes) if profile.uses_index else None
         # The load is read after the lookup, never across its await: the round trip brings
         # the other routers' load, and this router's own requests routed meanwhile count too.
         # Read before it, three routers on Redis each missed the others' latest sends and
         # piled onto the same backend (bench/results/compare/redis-3x-ab/).
-        load = self.load
+        load = self._load
         cands = [
             Candidate(b.url, load.inflight(b.url), load.pending_prefill(b.url)) for b in backends
         ]
@@ -130,9 +74,8 @@ class Scheduler:
         else:
             ask = Ask(0)
         decision = profile.choose(cands, ask)
-        self.metrics.count_decision(s.policy, decision.reason)
-        self.metrics.overhead.observe(time.perf_counter() - started)
-        if s.log_decisions:
+        self._metrics.count_decision(self._policy, decision.reason)
+        if self._log:
             log.info(
                 "route model=%s head=%016x blocks=%d backend=%s reason=%s matched=%d loads=%s",
                 model,
@@ -143,48 +86,19 @@ class Scheduler:
                 decision.matched_blocks,
                 ",".join(f"{c.name}:{c.in_flight:.0f}/{c.matched_blocks}" for c in cands),
             )
-        prompt_tokens = self.sizing.prompt_tokens(len(canonical))
-        return Route(parsed, seed, hashes, prompt_tokens, decision, started)
-
-    def _key(self, parsed: ParsedRequest, seed: int, backends: list[Backend]) -> list[int]:
-        """The prompt's chain of block hashes (token ids first, with a tokenizer), once it is
-        known to fit: a prompt longer than the engines take is refused before any work on
-        the index. Pure CPU: large prompts run in a worker thread (offload.py)."""
-        if self.tokenizer is not None:
-            self.tokenizer.tokenize(parsed)
-        limit = min(
-            (b.max_model_len for b in backends if b.max_model_len),
-            default=self.settings.max_prompt_tokens,
-        )
-        tokens = self.sizing.prompt_tokens(len(parsed.canonical))
-        # with byte blocks the count is an estimate: only what is far over is refused here
-        if tokens > limit * (1.0 if self.sizing.exact else 2.0):
-            what = "tokens" if self.sizing.exact else "tokens, estimated"
-            raise RequestError(
-                400,
-                f"the prompt ({tokens:.0f} {what}) is longer than the model's context of "
-                f"{limit} tokens",
-                param="messages" if parsed.kind == "chat" else "prompt",
-                code="context_length_exceeded",
-            )
-        return block_hashes(parsed.canonical, self._block_bytes, seed)
+        return decision
 
     async def _lookup(self, model: str, hashes: list[int]) -> dict[str, int]:
-        """Each backend's leading blocks of the chain: the index's, merged with the chains
-        still pending."""
-        if self.requested is not None and hashes:
-            self.requested(model, hashes)
-        matches = await self.index.lookup(model, hashes) if hashes else {}
-        self.speculative.expire(self.clock())
-        matches = self.pending.merge(model, hashes, matches)
-        return self.speculative.merge(model, hashes, matches)
+        """Each backend's leading blocks of the chain, holds included."""
+        if self._requested is not None and hashes:
+            self._requested(model, hashes)
+        return await self._index.lookup(model, hashes) if hashes else {}
 
     def _ask(
         self, model: str, hashes: list[int], matches: dict[str, int], cands: list[Candidate]
     ) -> Ask:
         """Fill each candidate's match and cache state; the request as scored."""
-        index = self.index
-        now = self.clock()
+        index = self._index
         best = 0
         for c in cands:
             m = c.matched_blocks = matches.get(c.name, 0)
@@ -192,23 +106,4 @@ class Scheduler:
             c.occupancy = index.occupancy(model, c.name)
             c.tail_age = index.tail_age(model, c.name)
         key = hashes[0] if hashes else self._rng.getrandbits(64)
-        return Ask(key, len(hashes), best, now)
-
-    def model_of(self, backend: str) -> str | None:
-        """The model a backend serves, when that is one model (its KV events do not say)."""
-        if self.settings.models:
-            return self.settings.models[0]
-        b = self.backends.get(backend)
-        served = b.models if b is not None else frozenset()
-        return next(iter(served)) if len(served) == 1 else None
-
-    def next_turn(self, parsed: ParsedRequest, answer: str) -> bytes:
-        """Canonical bytes the next turn of this conversation starts with."""
-        if self.tokenizer is not None:
-            return self.tokenizer.next_turn_bytes(parsed, answer)
-        return next_turn_canonical(parsed, answer)
-
-    def left(self, backend: str) -> None:
-        """A backend left or was ejected: what was learned of its rhythm goes with it."""
-        self.signals.steps.forget(backend)
-        self.speculative.drop_backend(backend)
+        return Ask(key, len(hashes), best, self._clock())

@@ -1,18 +1,21 @@
 from prefix_router.scheduling import Ask, Candidate
 from prefix_router.scheduling.scorers.eviction import HEAT_FLOOR_S, Eviction
+from prefix_router.sizing import Sizing
 
 from .conftest import choose
+
+SIZING = Sizing(16, 64, 4.0, exact=True)
 
 
 def test_the_cost_is_new_blocks_times_their_heat() -> None:
     hot = Candidate("hot", tail_age=1.0)
     cold = Candidate("cold", tail_age=60.0, matched_blocks=25)
     roomy = Candidate("roomy")
-    got = Eviction(16.0)([hot, cold, roomy], Ask(1, 125, 25))
+    got = Eviction(1.0, SIZING)([hot, cold, roomy], Ask(1, 125, 25))
     assert got is not None
     heat_cold = (1.0 + HEAT_FLOOR_S) / (60.0 + HEAT_FLOOR_S)
     assert got == [-16.0 * 125, -16.0 * 100 * heat_cold, 0.0]
-    assert Eviction(16.0)([roomy], Ask(1, 125)) is None  # nobody is full: nothing evicts
+    assert Eviction(1.0, SIZING)([roomy], Ask(1, 125)) is None  # nobody is full: nothing evicts
 
 
 def test_a_miss_goes_where_it_evicts_the_coldest_blocks() -> None:

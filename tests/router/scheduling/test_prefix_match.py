@@ -1,14 +1,17 @@
 from prefix_router.scheduling import Ask, Candidate
 from prefix_router.scheduling.filters import load_limit
 from prefix_router.scheduling.scorers.prefix_match import PrefixMatch
+from prefix_router.sizing import Sizing
 
 from .conftest import choose
+
+SIZING = Sizing(16, 64, 4.0, exact=True)
 
 
 def test_the_score_is_the_matched_prefill_in_tokens() -> None:
     cands = [Candidate("a", matched_blocks=3), Candidate("b")]
-    assert PrefixMatch(16)(cands, Ask(1, 10, 3)) == [48, 0]
-    assert PrefixMatch(16)([Candidate("a")], Ask(1, 10, 0)) is None  # a miss: nothing to say
+    assert PrefixMatch(SIZING)(cands, Ask(1, 10, 3)) == [48, 0]
+    assert PrefixMatch(SIZING)([Candidate("a")], Ask(1, 10, 0)) is None  # a miss: nothing to say
 
 
 def test_the_owner_wins() -> None:

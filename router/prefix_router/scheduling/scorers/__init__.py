@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ...config import RouterSettings
+from ...sizing import Sizing
 from ...steps import StepClock
 from ..candidate import Ask, Candidate
 from . import eviction, in_flight, pending_prefill, prefix_match, step_wait
@@ -24,6 +25,8 @@ class Signals:
     """What the router learns as it runs, for scorers that read more than the candidates."""
 
     steps: StepClock = field(default_factory=StepClock)
+    # blocks -> engine tokens: the one conversion the scores, the load and the index share
+    sizing: Sizing = field(default_factory=lambda: Sizing(16, 64, 4.0, exact=True))
 
 
 class Scorer(Protocol):

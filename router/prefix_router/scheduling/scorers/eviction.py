@@ -9,27 +9,33 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ...config import RouterSettings
+from ...sizing import Sizing
 from ..candidate import Ask, Candidate
+
+if TYPE_CHECKING:
+    from . import Signals
 
 # Tail ages this close to zero all count as "as hot as it gets" (a tail just touched).
 HEAT_FLOOR_S = 0.5
 
 
-def build(s: RouterSettings, _signals: object) -> Eviction | None:
-    return Eviction(s.evict_weight * s.block_size) if s.evict_weight else None
+def build(s: RouterSettings, signals: Signals) -> Eviction | None:
+    return Eviction(s.evict_weight, signals.sizing) if s.evict_weight else None
 
 
 @dataclass(frozen=True, slots=True)
 class Eviction:
-    block_cost: float  # prefill tokens a new block costs where the tail is hottest
+    weight: float  # of a new block's prefill tokens where the tail is hottest
+    sizing: Sizing  # a block's engine tokens, as learned
 
     def __call__(self, cands: Sequence[Candidate], ask: Ask) -> list[float] | None:
         hottest = min(c.tail_age for c in cands)
         if hottest == math.inf:
             return None  # every backend has room: placing anything evicts nothing
-        cost = self.block_cost
+        cost = self.weight * self.sizing.block_tokens
         top = hottest + HEAT_FLOOR_S
         blocks = ask.prompt_blocks
         return [

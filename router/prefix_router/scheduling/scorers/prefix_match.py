@@ -4,21 +4,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ...config import RouterSettings
+from ...sizing import Sizing
 from ..candidate import Ask, Candidate
 
+if TYPE_CHECKING:
+    from . import Signals
 
-def build(s: RouterSettings, _signals: object) -> PrefixMatch:
-    return PrefixMatch(s.block_size)
+
+def build(s: RouterSettings, signals: Signals) -> PrefixMatch:
+    return PrefixMatch(signals.sizing)
 
 
 @dataclass(frozen=True, slots=True)
 class PrefixMatch:
-    block_tokens: int
+    sizing: Sizing  # a block's engine tokens, as learned
 
     def __call__(self, cands: Sequence[Candidate], ask: Ask) -> list[float] | None:
         if not ask.best_match:
             return None
-        b = self.block_tokens
+        b = self.sizing.block_tokens
         return [c.matched_blocks * b for c in cands]
