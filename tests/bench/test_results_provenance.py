@@ -146,3 +146,29 @@ def test_no_result_names_a_scratch_folder() -> None:
 ])
 def test_what_the_check_accepts(doc: Any, stamp: Any, wanted: list[str]) -> None:
     assert problems(doc, stamp) == wanted
+
+
+def git_in(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+
+def test_a_new_result_records_whether_the_code_differed_from_its_commit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench/provenance.stamp in a real repository: a change to code makes the tree dirty, a
+    result written under bench/results does not."""
+    from bench.provenance import stamp
+
+    (tmp_path / "router").mkdir()
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / "router" / "policy.py").write_text("A = 1\n")
+    git_in(tmp_path, "init", "-q")
+    git_in(tmp_path, "add", "-A")
+    git_in(tmp_path, "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "c")
+    monkeypatch.chdir(tmp_path)
+    clean = stamp("python -m bench x")
+    assert problems(clean) == [] and clean["dirty"] is False
+    (tmp_path / "bench" / "results" / "point.json").write_text("{}\n")
+    assert stamp("c")["dirty"] is False
+    (tmp_path / "router" / "policy.py").write_text("A = 2\n")
+    assert stamp("c")["dirty"] is True
+    assert stamp("c")["version"] == clean["commit"] + " (modified)"
