@@ -45,9 +45,11 @@ def figures(pid: int) -> dict[str, float]:
     return memory_of(pid) | {"fds": len(os.listdir(f"/proc/{pid}/fd"))}
 
 
-async def watch(url: str, pid: int, stop: asyncio.Event) -> dict[str, Any]:
+async def watch(
+    url: str, pid: int, stop: asyncio.Event, started: asyncio.Event | None = None
+) -> dict[str, Any]:
     """/healthz every 50 ms from a process of its own (tap.py --probe) until `stop`, and the
-    router's most open descriptors."""
+    router's most open descriptors. `started` is set once the first probe has answered."""
     child = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bench.abuse.tap", "--probe", url, stdout=subprocess.PIPE)
     ms, failures, fds = list[float](), 0, 0
@@ -55,6 +57,8 @@ async def watch(url: str, pid: int, stop: asyncio.Event) -> dict[str, Any]:
         took, ok = line.split()
         ms += [float(took) * 1e3] if ok == b"1" else []
         failures += ok != b"1"
+        if started is not None:
+            started.set()
         fds = max(fds, len(os.listdir(f"/proc/{pid}/fd")))
     child.kill()
     await child.wait()

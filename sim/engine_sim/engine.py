@@ -68,6 +68,9 @@ class Counters:
     # what a router reads from the streams (its steps.py) is checked against.
     decode_steps: int = 0
     decode_step_seconds: float = 0.0
+    # what the profile asked those steps to take: against the wall time, how far a busy
+    # host's event loop lags the model
+    decode_step_model_seconds: float = 0.0
     # Seconds from arrival to first token of each request since the last reset (for the
     # benchmark: the engine's own TTFT beside the client's; bounded, oldest kept).
     ttfts: list[float] = field(default_factory=list)
@@ -320,11 +323,13 @@ class Engine:
                     context += r.prompt_tokens + r.generated
             prefill_tokens = p.max_batched_tokens - budget
             began = time.perf_counter()
-            await asyncio.sleep(step_time(p, prefill_tokens, context, self.time_scale))
+            modelled = step_time(p, prefill_tokens, context, self.time_scale)
+            await asyncio.sleep(modelled)
             now = time.perf_counter()
             if not prefill_now:
                 self.counters.decode_steps += 1
                 self.counters.decode_step_seconds += now - began
+                self.counters.decode_step_model_seconds += modelled
             for r, n in prefill_now:
                 if r.done or not r.admitted:
                     continue

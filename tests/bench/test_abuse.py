@@ -184,10 +184,11 @@ async def test_healthz_is_probed_from_another_process() -> None:
     server = threading.Thread(target=serve)
     server.start()
     assert up.wait(30)
-    done = asyncio.Event()
-    task = asyncio.create_task(watch(f"http://127.0.0.1:{port}", os.getpid(), done))
+    done, started = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(watch(f"http://127.0.0.1:{port}", os.getpid(), done, started))
     try:
-        await asyncio.sleep(1.0)
+        # from the first answer on (the probe's process takes its time to start on a busy host)
+        await asyncio.wait_for(started.wait(), 120)
         time.sleep(1.0)  # noqa: ASYNC251 - this loop held; the probes go on
         await asyncio.sleep(0.3)
         done.set()
@@ -195,5 +196,6 @@ async def test_healthz_is_probed_from_another_process() -> None:
     finally:
         stop.set()
         server.join(30)
-    assert got["n"] >= 30 and got["failures"] == 0
+    # probes went on while this loop was held: they piled up in the pipe meanwhile
+    assert got["n"] >= 5 and got["failures"] == 0
     assert got["max_ms"] < 500  # an in-process probe would have measured the held second
