@@ -89,7 +89,8 @@ async def _completions(request: web.Request, kind: Kind) -> web.StreamResponse:
     apart = not core.keyer.renders
     parsed, raw = await offload.run(len(raw), parse_for_routing, raw, kind, salt,
                                     s.salt_header_wins, apart, apart=apart)  # fmt: skip
-    route = await core.route(parsed)
+    session = request.headers.get(s.session_header) if s.session_header else None
+    route = await core.route(parsed, session)
     return await forward(request, route, raw, core.ledger, app[UPSTREAM])
 
 

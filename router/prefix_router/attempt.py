@@ -31,6 +31,7 @@ from .load import LoadTracker
 from .metrics import RouterMetrics
 from .parsing import ParsedRequest
 from .scheduling import Decision
+from .sessions import Sessions
 from .steps import StepClock
 
 log = logging.getLogger("prefix_router.attempt")
@@ -44,6 +45,7 @@ class Route:
     key: Key
     decision: Decision
     started: float  # time.perf_counter() when routing began
+    session: int | None = None  # the client's named session (sessions.py key), if any
 
     @property
     def hashes(self) -> list[int]:
@@ -64,6 +66,7 @@ class Ledger:
     index: PrefixIndex  # holds, ownership, corrections
     metrics: RouterMetrics
     steps: StepClock  # each backend's step rhythm, from streamed chunks
+    sessions: Sessions  # each named session's last engine
     keyer: Keyer  # the next turn's chain; blocks -> tokens (its sizing)
     holds: bool  # whether the policy reads the index (the others hold nothing)
     # (prompt tokens, predicted cached tokens) of each request served: the figures a shared
@@ -156,6 +159,8 @@ class Attempt:
                 model = r.parsed.model
                 led.index.own(model, r.hashes, self.backend, news=self.news)
                 led.index.release(model, r.hashes, self.backend, self.news)
+            if r.session is not None:
+                led.sessions.served(r.session, self.backend)
         led.metrics.ttft.observe(time.perf_counter() - r.started)
         if streamed:
             steps = led.steps

@@ -190,6 +190,13 @@ class RouterSettings(_Strict):
     # engine isolates its cache by too (a client must not pick another tenant's salt).
     salt_header: str | None = "x-cache-salt"
     salt_header_wins: bool = True
+    # Session affinity (scheduling/scorers/session_affinity.py): a request naming its session
+    # in this header is worth session_weight_tokens on the engine that served that session
+    # last (0 = off); the last engines of at most max_sessions sessions are remembered. 256 is
+    # four requests in flight (load_cost_tokens): a starting figure, not yet measured.
+    session_header: str | None = "x-session-id"
+    session_weight_tokens: float = Field(default=256.0, ge=0)
+    max_sessions: int = Field(default=100_000, ge=1)
     # Routing details for clients: x-routed-to and x-route-reason headers, engine addresses
     # in error messages. Off: a tenant must not learn that someone else sent a prefix.
     expose_routing: bool = False

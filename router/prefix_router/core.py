@@ -26,6 +26,7 @@ from .parsing import ParsedRequest
 from .scheduling import Scheduler
 from .scheduling.filters import eligible
 from .scheduling.scorers import Signals
+from .sessions import Sessions, session_key
 from .sizing import Sizing
 from .store import Store, make_store
 
@@ -43,14 +44,18 @@ class RouterCore:
     ledger: Ledger
     offload: Offload
 
-    async def route(self, parsed: ParsedRequest) -> Route:
+    async def route(self, parsed: ParsedRequest, session: str | None = None) -> Route:
+        """`session`: the id the client named its session by (`session_header`)."""
         started = time.perf_counter()
         models = frozenset(self.settings.models)
         backends = eligible(self.backends, models, parsed.model)
         key = await self.keyer.key(parsed, backends)
-        decision = await self.scheduler.route(parsed.model, key, backends, parsed.canonical)
+        named = session_key(session, parsed.cache_salt) if session else None
+        decision = await self.scheduler.route(
+            parsed.model, key, backends, parsed.canonical, named
+        )
         self.metrics.overhead.observe(time.perf_counter() - started)
-        return Route(parsed, key, decision, started)
+        return Route(parsed, key, decision, started, named)
 
     async def start(self) -> None:
         await self.store.start()
@@ -87,10 +92,10 @@ def build_core(
     offload = Offload()
     keyer = Keyer(sizing, offload, s.max_prompt_tokens, tokenizer)
     index = build_index(Parts(s, store, backends, metrics, sizing, clock))
-    signals = Signals(sizing=sizing)
+    signals = Signals(sizing=sizing, sessions=Sessions(s.max_sessions))
     scheduler = Scheduler(s, index, load, metrics, signals, store.requested, rng, clock)
     ledger = Ledger(
-        s, backends, load, index, metrics, signals.steps, keyer,
+        s, backends, load, index, metrics, signals.steps, signals.sessions, keyer,
         holds=scheduler.profile.uses_index, observe=store.observe, clock=clock,
     )
     backends.on_gone(index.drop_backend)

@@ -137,3 +137,19 @@ async def test_with_events_a_hit_makes_the_blocks_it_used_the_engines_most_recen
         a.first_byte(streamed=True)
     assert index.tail_age("m", b) == 30.0  # the other prompt's blocks are the tail now
     assert index.entries() == len(route.hashes) + len(other)  # nothing added by the router
+
+
+async def test_a_named_session_follows_its_last_engine(make_core):
+    """Two prompts that share nothing but their session: the second goes where the first was
+    served (its history is cached there), which only the session can tell."""
+    core = make_core([f"http://192.0.2.{i}:8000" for i in range(1, 9)], 100_000)
+    backends = set()
+    for i in range(8):
+        first = await core.route(_parsed(f"agent {i} " * 300, "one"), session=f"s{i}")
+        with Attempt(core.ledger, first, first.decision.backend) as a:
+            a.answered(200)
+            a.first_byte(streamed=False)
+        again = await core.route(_parsed(f"unrelated {i} " * 300, "two"), session=f"s{i}")
+        assert again.decision.backend == first.decision.backend, i
+        backends.add(first.decision.backend)
+    assert len(backends) > 1  # the sessions themselves still spread

@@ -27,6 +27,7 @@ class Ask:
     prompt_blocks: int = 0  # full blocks in the prompt
     best_match: int = 0  # the most leading blocks any candidate holds
     now: float = 0.0  # the scheduler's clock, for scorers that read a rhythm
+    session: int | None = None  # the client's named session (sessions.py key), if any
 
 
 @dataclass(slots=True)

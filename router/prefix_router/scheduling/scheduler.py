@@ -51,11 +51,13 @@ class Scheduler:
         self.profile = PROFILES[settings.policy](settings, signals, self._rng)
 
     async def route(
-        self, model: str, key: Key, backends: Sequence[Backend], canonical: bytes = b""
+        self, model: str, key: Key, backends: Sequence[Backend], canonical: bytes = b"",
+        session: int | None = None,
     ) -> Decision:
         """The backend for a request with this key, among `backends` (those serving its
         model), and the order of the others for retries. `canonical`: the prompt's bytes,
-        for the profiles that hash them instead of reading the index."""
+        for the profiles that hash them instead of reading the index; `session`: the
+        client's named session (sessions.py)."""
         hashes = key.hashes
         profile = self.profile
         matches = await self._lookup(model, hashes) if profile.uses_index else None
@@ -69,6 +71,7 @@ class Scheduler:
         ]
         if matches is not None:
             ask = self._ask(model, hashes, matches, cands)
+            ask.session = session
         elif profile.key_bytes:
             ask = Ask(xxhash.xxh3_64_intdigest(canonical[: profile.key_bytes]))
         else:

@@ -19,6 +19,7 @@ OFF: dict[str, Any] = {
     "pending_weight": 1.0,
     "evict_weight": 0.0,
     "step_wait_tokens_per_ms": 0.0,
+    "session_weight_tokens": 0.0,
 }
 
 

@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ...config import RouterSettings
+from ...sessions import Sessions
 from ...sizing import Sizing
 from ...steps import StepClock
 from ..candidate import Ask, Candidate
-from . import eviction, in_flight, pending_prefill, prefix_match, step_wait
+from . import eviction, in_flight, pending_prefill, prefix_match, session_affinity, step_wait
 
 
 @dataclass(slots=True)
@@ -27,6 +28,7 @@ class Signals:
     steps: StepClock = field(default_factory=StepClock)
     # blocks -> engine tokens: the one conversion the scores, the load and the index share
     sizing: Sizing = field(default_factory=lambda: Sizing(16, 64, 4.0, exact=True))
+    sessions: Sessions = field(default_factory=lambda: Sessions(100_000))  # their last engine
 
 
 class Scorer(Protocol):
@@ -41,6 +43,7 @@ SCORERS: dict[str, Factory] = {
     "pending_prefill": pending_prefill.build,
     "eviction": eviction.build,
     "step_wait": step_wait.build,
+    "session_affinity": session_affinity.build,
 }
 
 
