@@ -25,6 +25,7 @@ from .errors import CLIENT_MISTAKES, RequestError, errors_as_json, expect_contin
 from .health import HealthLoop
 from .offload import Offload
 from .parsing import Kind, parse_for_routing
+from .passthrough import GETS, JSON_POSTS, MULTIPART_POSTS, Passthrough
 from .proxy import forward
 from .upstream import UpstreamClient
 
@@ -35,6 +36,7 @@ SETTINGS: web.AppKey[RouterSettings] = web.AppKey("settings", RouterSettings)
 CORE: web.AppKey[RouterCore] = web.AppKey("core", RouterCore)
 UPSTREAM = web.AppKey("upstream", UpstreamClient)
 DRAINING: web.AppKey[asyncio.Event] = web.AppKey("draining", asyncio.Event)
+PASSTHROUGH: web.AppKey[Passthrough] = web.AppKey("passthrough", Passthrough)
 
 
 def make_discovery(s: RouterSettings) -> Discovery:
@@ -102,6 +104,20 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await _completions(request, "chat")
 
 
+async def passthrough_json(request: web.Request) -> web.StreamResponse:
+    s = request.app[SETTINGS]
+    raw = await _read_body(request, s.max_body_bytes, s.body_timeout_s, request.app[CORE].offload)
+    return await request.app[PASSTHROUGH].json_post(request, raw)
+
+
+async def passthrough_multipart(request: web.Request) -> web.StreamResponse:
+    return await request.app[PASSTHROUGH].multipart_post(request)
+
+
+async def passthrough_get(request: web.Request) -> web.StreamResponse:
+    return await request.app[PASSTHROUGH].get(request)
+
+
 async def models(request: web.Request) -> web.Response:
     backends = request.app[CORE].backends
     s = request.app[SETTINGS]
@@ -153,6 +169,7 @@ def build_app(settings: RouterSettings, discovery: Discovery | None = None) -> w
     app[SETTINGS] = settings
     app[DRAINING] = asyncio.Event()
     core = app[CORE] = build_core(settings)
+    passthrough = app[PASSTHROUGH] = Passthrough(core)
     backends = core.backends
     the_discovery = discovery or make_discovery(settings)
 
@@ -162,6 +179,7 @@ def build_app(settings: RouterSettings, discovery: Discovery | None = None) -> w
         # health probes and scrapes: off the forwarding path, with their own timeouts
         probes = aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
         await core.start()
+        await passthrough.start()
         health = HealthLoop(settings.health, backends, core.load, core.index, core.metrics, probes)
 
         def on_change(urls: Sequence[str]) -> None:
@@ -176,6 +194,7 @@ def build_app(settings: RouterSettings, discovery: Discovery | None = None) -> w
             await health.stop()
             await the_discovery.stop()
             await core.close()
+            await passthrough.close()
             await upstream.close()
             await probes.close()
 
@@ -184,6 +203,12 @@ def build_app(settings: RouterSettings, discovery: Discovery | None = None) -> w
     app.router.add_post(
         "/v1/chat/completions", chat_completions, expect_handler=expect_continue
     )
+    for path in JSON_POSTS:
+        app.router.add_post(path, passthrough_json, expect_handler=expect_continue)
+    for path in MULTIPART_POSTS:
+        app.router.add_post(path, passthrough_multipart, expect_handler=expect_continue)
+    for path in GETS:
+        app.router.add_get(path, passthrough_get)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
