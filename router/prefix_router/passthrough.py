@@ -65,13 +65,15 @@ def model_of_form(head: bytes) -> tuple[str | None, bool]:
     """(the `model` field's value, whether the head is complete enough to tell): the fields
     a multipart body carries before its file part."""
     m = _MODEL_FIELD.search(head)
+    f = _FILE_PART.search(head)
+    if f is not None and (m is None or f.start() < m.start()):
+        return None, True  # the file comes first
     if m is not None:
         start = head.find(b"\r\n\r\n", m.end())
         end = head.find(b"\r\n--", start + 4) if start >= 0 else -1
         if end >= 0:
             return head[start + 4 : end].decode(errors="replace").strip(), True
-        return None, False
-    return None, _FILE_PART.search(head) is not None
+    return None, False
 
 
 def least_loaded(core: RouterCore, backends: Sequence[Backend]) -> list[str]:
