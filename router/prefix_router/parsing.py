@@ -17,8 +17,9 @@ from typing import Any, Literal
 import msgspec
 
 from .errors import RequestError
+from .responses_input import as_chat
 
-Kind = Literal["completions", "chat"]
+Kind = Literal["completions", "chat", "responses"]
 
 # Strict JSON (no NaN), about twice as fast as the standard library's on a large body: the
 # parse is most of the router's work on a long prompt.
@@ -42,6 +43,9 @@ class ParsedRequest:
     canonical: bytes
     cache_salt: str | None
     include_usage: bool
+    # a Responses API request (its prompt keyed as the chat it is, `kind` "chat"):
+    # previous_response_id, store, background as the client gave them
+    responses: dict[str, Any] | None = None
 
 
 def _dumps(value: Any) -> bytes:
@@ -144,9 +148,10 @@ def parse_for_routing(
     little crosses back when this runs in another process (offload.py)."""
     parsed = parse_request(raw, kind, salt_from_header, header_wins)
     body = parsed.body
-    if salt_from_header is not None and header_wins and body.get("cache_salt") != salt_from_header:
-        body["cache_salt"] = salt_from_header
-        raw = json.dumps(body).encode()
+    sent = parsed.responses.pop("body") if parsed.responses else body  # the body as sent
+    if salt_from_header is not None and header_wins and sent.get("cache_salt") != salt_from_header:
+        sent["cache_salt"] = body["cache_salt"] = salt_from_header
+        raw = json.dumps(sent).encode()
     if slim:
         parsed.body = {k: v for k, v in body.items() if k not in _PROMPT_FIELDS}
     return parsed, raw
@@ -166,7 +171,20 @@ def _parse_body(
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise RequestError(400, "'stream' must be a boolean", param="stream")
-    if kind == "chat":
+    responses = None
+    if kind == "responses":
+        messages, tools = as_chat(body)
+        prev = body.get("previous_response_id")
+        if prev is not None and not isinstance(prev, str):
+            raise RequestError(400, "'previous_response_id' must be a string",
+                               param="previous_response_id")  # fmt: skip
+        responses = {"previous_response_id": prev, "store": body.get("store", True) is not False,
+                     "background": body.get("background") is True, "body": body}  # fmt: skip
+        # the tokenizer renders the chat this request is; the engine gets the body as sent
+        body = {**body, "messages": messages, "tools": tools}
+        canonical = canonical_chat(messages, tools)
+        kind = "chat"
+    elif kind == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise RequestError(
@@ -197,6 +215,7 @@ def _parse_body(
         canonical=canonical,
         cache_salt=salt,
         include_usage=include_usage,
+        responses=responses,
     )
 
 

@@ -108,3 +108,81 @@ def read_sse(buf: bytes, kind: Kind) -> tuple[str | None, tuple[int, int | None]
                 parts.append(_choice_text(choice, kind, streamed=True))
     # A stream cut short is not a turn the client will continue from.
     return ("".join(parts) if complete else None), usage
+
+
+# The Responses API's answer: its id (where the engine stored it), its output text, its usage.
+class _OutputPart(msgspec.Struct):
+    type: str = ""
+    text: str | None = None
+
+
+class _OutputItem(msgspec.Struct):
+    type: str = ""
+    content: list[_OutputPart] | None = None
+
+
+class _InputDetails(msgspec.Struct):
+    cached_tokens: int | None = None
+
+
+class _ResponsesUsage(msgspec.Struct):
+    input_tokens: int | None = None
+    input_tokens_details: _InputDetails | None = None
+
+
+class _Response(msgspec.Struct):
+    id: str | None = None
+    output: list[_OutputItem] | None = None
+    usage: _ResponsesUsage | None = None
+
+
+class _Event(msgspec.Struct):
+    type: str = ""
+    delta: str | None = None  # response.output_text.delta
+    response: _Response | None = None  # response.created / response.completed
+
+
+_RESPONSE = msgspec.json.Decoder(_Response)
+_EVENT = msgspec.json.Decoder(_Event)
+
+Answer = tuple[str | None, tuple[int, int | None] | None, str | None]
+
+
+def _response_parts(r: _Response) -> Answer:
+    text = "".join(
+        p.text or "" for item in r.output or () if item.type == "message"
+        for p in item.content or () if p.type == "output_text"
+    )  # fmt: skip
+    u = r.usage
+    usage = None
+    if u is not None and u.input_tokens is not None:
+        d = u.input_tokens_details
+        usage = (u.input_tokens, d.cached_tokens if d is not None else None)
+    return (text or None), usage, r.id
+
+
+def read_response_json(body: bytes) -> Answer:
+    """(output text, (input tokens, cached tokens), response id) of a whole answer."""
+    try:
+        return _response_parts(_RESPONSE.decode(body))
+    except msgspec.DecodeError:
+        return None, None, None
+
+
+def read_response_sse(buf: bytes) -> Answer:
+    """The same, from a buffered Responses API event stream: the id from its first event,
+    the rest from `response.completed` (a stream without it was cut: no text)."""
+    rid = None
+    for line in buf.split(b"\n"):
+        if not line.startswith(b"data:"):
+            continue
+        try:
+            event = _EVENT.decode(line[5:].strip())
+        except msgspec.DecodeError:
+            continue
+        if event.response is not None:
+            rid = rid or event.response.id
+            if event.type == "response.completed":
+                text, usage, _ = _response_parts(event.response)
+                return text, usage, rid
+    return None, None, rid
