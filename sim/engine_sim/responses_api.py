@@ -39,7 +39,10 @@ def _json(obj: Any) -> str:
 
 
 def not_found(response_id: str) -> BadRequest:
-    return BadRequest(f"Response with id '{response_id}' not found.", 404, "response_id")
+    # vLLM's words and type for it (serving_responses' _make_not_found_error)
+    return BadRequest(
+        f"Response with id '{response_id}' not found.", 404, "response_id", "invalid_request_error"
+    )
 
 
 @dataclass
@@ -371,7 +374,9 @@ async def cancel(request: web.Request) -> web.Response:
     if entry is None:
         raise not_found(rid)
     if not entry.running:
-        raise BadRequest("Cannot cancel a synchronous response.", param="response_id")
+        raise BadRequest(
+            "Cannot cancel a synchronous response.", 400, "response_id", "invalid_request_error"
+        )
     entry.response = {**entry.response, "status": "cancelled"}
     task = entry.task
     if task is not None:

@@ -36,15 +36,21 @@ VLLM_VERSION = "0.24.0"
 
 
 class BadRequest(Exception):
-    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
+    def __init__(
+        self, message: str, status: int = 400, param: str | None = None, etype: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.param = param
+        self.etype = etype  # the error's type when vLLM names it (else the status's)
 
 
-def error(status: int, message: str, param: str | None = None) -> web.Response:
+def error(
+    status: int, message: str, param: str | None = None, etype: str | None = None
+) -> web.Response:
     # vLLM's ErrorResponse: {"error": {message, type, param, code}}
-    etype = {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
+    if etype is None:
+        etype = {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
     body = {"error": {"message": message, "type": etype, "param": param, "code": status}}
     return web.json_response(body, status=status)
 
@@ -54,7 +60,7 @@ async def json_errors(request: web.Request, handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except BadRequest as e:
-        return error(e.status, str(e), e.param)
+        return error(e.status, str(e), e.param, e.etype)
     except UnicodeEncodeError as e:
         # JSON may escape a lone UTF-16 surrogate; no tokenizer takes that as text
         return error(400, f"the request holds a lone surrogate ({e.object[e.start]!r})")
