@@ -16,6 +16,7 @@ import math
 import time
 import uuid
 from array import array
+from dataclasses import dataclass
 from typing import Any
 
 import xxhash
@@ -84,9 +85,34 @@ def _vocab(app: web.Application) -> int:
     return VOCAB_SIZE if tok is None else tok.vocab_size
 
 
-def _text_ids(app: web.Application, text: str, add_special_tokens: bool) -> list[int]:
+@dataclass
+class Prompt:
+    """One input: its token ids (what usage counts and truncation cuts) and the features its
+    vector is made of: the ids themselves, except with the byte tokenizer, whose 4-byte
+    tokens depend on where a word falls; there every 4-byte window of the text is one, so two
+    texts that share words share features wherever the words are."""
+
+    ids: list[int]
+    features: list[int]
+
+    def last(self, n: int) -> Prompt:
+        if n >= len(self.ids):
+            return self
+        per_token = max(1, len(self.features) // max(1, len(self.ids)))
+        return Prompt(self.ids[-n:] if n else [], self.features[-n * per_token :] if n else [])
+
+
+def _windows(data: bytes) -> list[int]:
+    h = xxhash.xxh32_intdigest
+    return [h(data[i : i + 4]) for i in range(max(0, len(data) - 3))] or tokenize_bytes(data)
+
+
+def _text(app: web.Application, text: str, add_special_tokens: bool) -> Prompt:
     tok = app[CONF]["tokenizer"]
-    return tokenize(text) if tok is None else tok.encode(text, add_special_tokens)
+    if tok is None:
+        return Prompt(tokenize(text), _windows(text.encode()))
+    ids = tok.encode(text, add_special_tokens)
+    return Prompt(ids, ids)
 
 
 def _is_ids(x: Any) -> bool:
@@ -97,35 +123,39 @@ def _is_ids(x: Any) -> bool:
     )
 
 
-def _inputs(app: web.Application, body: dict[str, Any]) -> list[list[int]]:
-    """Each prompt of a pooling request as token ids: `input` (a string, strings, token ids or
-    lists of them) or `messages` (one chat, rendered without the generation prompt)."""
+def _inputs(app: web.Application, body: dict[str, Any]) -> list[Prompt]:
+    """Each prompt of a pooling request: `input` (a string, strings, token ids or lists of
+    them) or `messages` (one chat, rendered without the generation prompt)."""
     if "messages" in body:
         chat = {**body, "add_generation_prompt": body.get("add_generation_prompt", False)}
         prompt, ids, _ = prompt_of(app, chat, chat=True)
-        return [ids if ids is not None else tokenize_bytes(prompt)]
+        if ids is not None:
+            return [Prompt(ids, ids)]
+        return [Prompt(tokenize_bytes(prompt), _windows(prompt))]
     x = body.get("input")
     special = _flag(body, "add_special_tokens", True)
     if isinstance(x, str):
-        return [_text_ids(app, x, special)]
+        return [_text(app, x, special)]
     if _is_ids(x):
         x = [x]
     if isinstance(x, list) and x and all(isinstance(p, str) for p in x):
-        return [_text_ids(app, p, special) for p in x]
+        return [_text(app, p, special) for p in x]
     if isinstance(x, list) and x and all(_is_ids(p) for p in x):
         vocab = _vocab(app)
         for p in x:
             for t in p:
                 if not 0 <= t < vocab:
                     raise BadRequest(f"Token id {t} is out of vocabulary", param="input")
-        return [list(p) for p in x]
+        return [Prompt(list(p), list(p)) for p in x]
     raise BadRequest(
         "input must be a string, a list of strings, a list of token ids or a list of them",
         param="input",
     )
 
 
-def _checked(app: web.Application, body: dict[str, Any], prompts: list[list[int]], op: str):
+def _checked(
+    app: web.Application, body: dict[str, Any], prompts: list[Prompt], op: str
+) -> list[Prompt]:
     """vLLM's truncation (keep the last n tokens) and context-length check."""
     limit = app[CONF]["max_model_len"]
     n = body.get("truncate_prompt_tokens")
@@ -137,17 +167,20 @@ def _checked(app: web.Application, body: dict[str, Any], prompts: list[list[int]
                 "truncate_prompt_tokens value is greater than max_model_len. "
                 "Please, select a smaller truncation size."
             )
-        keep = limit if n == -1 else n
-        prompts = [p[-keep:] if keep else [] for p in prompts]
+        prompts = [p.last(limit if n == -1 else n) for p in prompts]
     for p in prompts:
-        if len(p) > limit:
+        if len(p.ids) > limit:
             raise BadRequest(
                 f"This model's maximum context length is {limit} tokens. However, you "
-                f"requested {len(p)} tokens in the input for {op}. Please reduce the length "
+                f"requested {len(p.ids)} tokens in the input for {op}. Please reduce the length "
                 "of the input.",
                 param="input_tokens",
             )
     return prompts
+
+
+def _tokens(prompts: list[Prompt]) -> int:
+    return sum(len(p.ids) for p in prompts)
 
 
 def _usage(n: int) -> dict[str, Any]:
@@ -195,9 +228,9 @@ def _activation(body: dict[str, Any], name: str) -> bool:
 
 
 def _vectors(
-    app: web.Application, prompts: list[list[int]], dim: int, normalize: bool = True
+    app: web.Application, prompts: list[Prompt], dim: int, normalize: bool = True
 ) -> list[list[float]]:
-    return [pooled(p, app[CONF]["embedding_dim"], dim, normalize) for p in prompts]
+    return [pooled(p.features, app[CONF]["embedding_dim"], dim, normalize) for p in prompts]
 
 
 def _head(prefix: str, model: str) -> dict[str, Any]:
@@ -221,7 +254,7 @@ async def embeddings(request: web.Request) -> web.Response:
         {"index": i, "object": "embedding", "embedding": encode_vector(v, fmt)}
         for i, v in enumerate(_vectors(app, prompts, dim, normalize))
     ]
-    n = sum(map(len, prompts))
+    n = _tokens(prompts)
     return web.json_response({**_head("embd", model), "data": data, "usage": _usage(n)})
 
 
@@ -244,12 +277,12 @@ async def pooling(request: web.Request) -> web.Response:
         if task == "embed":
             out = encode_vector(_vectors(app, [p], dim)[0], fmt)
         elif task == "classify":
-            v = pooled(p, app[CONF]["embedding_dim"])
+            v = pooled(p.features, app[CONF]["embedding_dim"])
             out = class_probs(v, _activation(body, "use_activation"))
         else:  # one vector a token
-            out = [_vectors(app, [[t]], dim)[0] for t in p]
+            out = [_vectors(app, [Prompt([t], [t])], dim)[0] for t in p.ids]
         data.append({"index": i, "object": "pooling", "data": out})
-    n = sum(map(len, prompts))
+    n = _tokens(prompts)
     return web.json_response({**_head("pool", model), "data": data, "usage": _usage(n)})
 
 
@@ -261,10 +294,10 @@ async def classify(request: web.Request) -> web.Response:
     prompts = _checked(app, body, _inputs(app, body), "classification")
     data = []
     for i, p in enumerate(prompts):
-        probs = class_probs(pooled(p, app[CONF]["embedding_dim"]), activation)
+        probs = class_probs(pooled(p.features, app[CONF]["embedding_dim"]), activation)
         label = LABELS[max(range(len(probs)), key=probs.__getitem__)]
         data.append({"index": i, "label": label, "probs": probs, "num_classes": len(probs)})
-    n = sum(map(len, prompts))
+    n = _tokens(prompts)
     return web.json_response({**_head("classify", model), "data": data, "usage": _usage(n)})
 
 
@@ -296,10 +329,9 @@ def _scores(app, body, pairs) -> tuple[list[float], int]:
     activation = _activation(body, "use_activation")
     scores, n = [], 0
     for a, b in pairs:
-        ia, ib = _text_ids(app, a, special), _text_ids(app, b, special)
-        ia, ib = _checked(app, body, [ia, ib], "score")
-        n += len(ia) + len(ib)
-        scores.append(relevance(pooled(ia, dim), pooled(ib, dim), activation))
+        pa, pb = _checked(app, body, [_text(app, a, special), _text(app, b, special)], "score")
+        n += len(pa.ids) + len(pb.ids)
+        scores.append(relevance(pooled(pa.features, dim), pooled(pb.features, dim), activation))
     return scores, n
 
 
