@@ -109,8 +109,13 @@ def _conversation(c: openai.OpenAI) -> None:
         }
 
 
-async def test_a_responses_conversation_with_the_sync_client(fleet: Fleet) -> None:
-    sim = await start_sim(fleet, "sim0", env=STORE_ON)
+@pytest.mark.parametrize(
+    "extra", [[], ["--tokenizer", "tiny", "--enable-prompt-tokens-details"]], ids=["bytes", "hf"]
+)
+async def test_a_responses_conversation_with_the_sync_client(
+    fleet: Fleet, extra: list[str]
+) -> None:
+    sim = await start_sim(fleet, "sim0", env=STORE_ON, extra=extra)
     await asyncio.to_thread(_conversation, sync_client(sim))
 
 
