@@ -142,9 +142,10 @@ def _plan(request: web.Request, body: dict[str, Any]) -> Plan:
     model = _check_model(request, body)
     if body.get("prompt") is not None:
         raise BadRequest("prompt template is not supported", param="prompt")
-    stream = _flag(body, "stream", False)
-    background = _flag(body, "background", False)
-    store = _flag(body, "store", True)
+    # vLLM's request model takes null for these as their default
+    stream = _flag(body, "stream", False) if body.get("stream") is not None else False
+    background = body.get("background") is not None and _flag(body, "background", False)
+    store = _flag(body, "store", True) if body.get("store") is not None else True
     if background and not store:
         raise BadRequest("background can only be used when `store` is true", param="background")
     enabled = app[CONF]["responses_store"]

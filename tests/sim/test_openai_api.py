@@ -84,6 +84,15 @@ def _conversation(c: openai.OpenAI) -> None:
     assert chat.usage.prompt_tokens == second.usage.input_tokens
     assert chat.usage.prompt_tokens_details.cached_tokens >= chat.usage.prompt_tokens - 16
 
+    streamed = list(
+        c.responses.create(
+            model="m", previous_response_id=first.id, input="and more", max_output_tokens=3,
+            stream=True,
+        )
+    )  # fmt: skip
+    assert streamed[-1].type == "response.completed"
+    assert streamed[-1].response.usage.input_tokens == second.usage.input_tokens
+
     got = c.responses.retrieve(first.id)
     assert got.id == first.id and got.output_text == first.output_text
 
