@@ -38,6 +38,12 @@ def _json(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"))
 
 
+def _answer(request: web.Request, obj: dict[str, Any]) -> web.Response:
+    # x-replica-id: which simulator answered (as on every generation), for tests and benchmarks
+    headers = {"x-replica-id": request.app[CONF]["replica_id"]}
+    return web.json_response(obj, headers=headers, dumps=_json)
+
+
 def not_found(response_id: str) -> BadRequest:
     # vLLM's words and type for it (serving_responses' _make_not_found_error)
     return BadRequest(
@@ -318,6 +324,9 @@ async def _background(
             if entry.response["status"] != "cancelled":
                 entry.response = final
                 store.put(plan.rid, entry)
+        except Exception:
+            entry.response = {**entry.response, "status": "failed"}  # as vLLM marks it
+            raise
         finally:
             if not r.done:
                 engine.cancel(r)
@@ -327,14 +336,18 @@ async def _background(
 
     entry.task = asyncio.create_task(run(), name=f"response {plan.rid}")
     if not plan.stream:
-        return web.json_response(queued, dumps=_json)
+        return _answer(request, queued)
     return await _replay(request, entry, 0)
 
 
 async def _replay(request: web.Request, entry: Stored, start: int) -> web.StreamResponse:
     """A background response's events from `start` on, waiting for new ones until it ends."""
     resp = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "x-replica-id": request.app[CONF]["replica_id"],
+        }
     )
     await resp.prepare(request)
     events = entry.events if entry.events is not None else []
@@ -358,7 +371,7 @@ async def retrieve(request: web.Request) -> web.StreamResponse:
         raise not_found(rid)
     stream = request.query.get("stream", "false").lower() in ("true", "1")
     if not stream:
-        return web.json_response(entry.response, dumps=_json)
+        return _answer(request, entry.response)
     if entry.events is None:
         raise BadRequest(f"Unknown response_id: {rid}", param="response_id")
     after = request.query.get("starting_after")
@@ -384,7 +397,7 @@ async def cancel(request: web.Request) -> web.Response:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-    return web.json_response(entry.response, dumps=_json)
+    return _answer(request, entry.response)
 
 
 def add_routes(app: web.Application, *, store_enabled: bool, store_max_bytes: int) -> None:

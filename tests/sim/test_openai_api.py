@@ -236,7 +236,8 @@ async def test_a_stored_response_is_unknown_to_every_other_simulator(fleet: Flee
     )
     ca, cb = async_client(a), async_client(b)
     r = await ca.responses.create(model="m", input="hi", max_output_tokens=2)
-    assert (await ca.responses.retrieve(r.id)).id == r.id
+    raw = await ca.responses.with_raw_response.retrieve(r.id)
+    assert raw.parse().id == r.id and raw.headers["x-replica-id"] == "sim-a"
     expected = {
         "message": f"Response with id '{r.id}' not found.",
         "type": "invalid_request_error",
