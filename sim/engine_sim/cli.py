@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 from pathlib import Path
 
 from aiohttp import web
@@ -92,6 +93,26 @@ def main(argv: list[str] | None = None) -> None:
         "(without --tokenizer the simulator always reports it)",
     )
     p.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH")
+    p.add_argument(
+        "--enable-responses-api-store",
+        action="store_true",
+        default=os.environ.get("VLLM_ENABLE_RESPONSES_API_STORE", "0") not in ("", "0"),
+        help="keep Responses API responses in this process (as vLLM with "
+        "VLLM_ENABLE_RESPONSES_API_STORE=1, which sets this too)",
+    )
+    p.add_argument(
+        "--responses-store-max-bytes",
+        type=int,
+        default=256 * 1024 * 1024,
+        help="memory bound of the response store; least recently used responses go past it",
+    )
+    p.add_argument("--embedding-dim", type=int, default=256, help="pooling vectors' dimension")
+    p.add_argument(
+        "--max-audio-filesize-mb",
+        type=float,
+        default=float(os.environ.get("VLLM_MAX_AUDIO_CLIP_FILESIZE_MB", "25")),
+        help="largest audio upload (vLLM's VLLM_MAX_AUDIO_CLIP_FILESIZE_MB)",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
@@ -149,6 +170,10 @@ def main(argv: list[str] | None = None) -> None:
             tokenizer=tokenizer,
             loras=loras,
             enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+            responses_store=args.enable_responses_api_store,
+            responses_store_max_bytes=args.responses_store_max_bytes,
+            embedding_dim=args.embedding_dim,
+            max_audio_bytes=int(args.max_audio_filesize_mb * 1024 * 1024),
         )
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await runner.setup()

@@ -31,18 +31,26 @@ METRICS: web.AppKey[EngineMetrics] = web.AppKey("metrics", EngineMetrics)
 CONF: web.AppKey[dict] = web.AppKey("conf", dict)
 # TTFT samples /stats keeps between resets (a benchmark run's worth and then some).
 _MAX_TTFT_SAMPLES = 200_000
+# What /version answers: the vLLM release whose API and KV events the simulator follows.
+VLLM_VERSION = "0.24.0"
 
 
 class BadRequest(Exception):
-    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
+    def __init__(
+        self, message: str, status: int = 400, param: str | None = None, etype: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.param = param
+        self.etype = etype  # the error's type when vLLM names it (else the status's)
 
 
-def error(status: int, message: str, param: str | None = None) -> web.Response:
+def error(
+    status: int, message: str, param: str | None = None, etype: str | None = None
+) -> web.Response:
     # vLLM's ErrorResponse: {"error": {message, type, param, code}}
-    etype = {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
+    if etype is None:
+        etype = {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
     body = {"error": {"message": message, "type": etype, "param": param, "code": status}}
     return web.json_response(body, status=status)
 
@@ -52,7 +60,7 @@ async def json_errors(request: web.Request, handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except BadRequest as e:
-        return error(e.status, str(e), e.param)
+        return error(e.status, str(e), e.param, e.etype)
     except UnicodeEncodeError as e:
         # JSON may escape a lone UTF-16 surrogate; no tokenizer takes that as text
         return error(400, f"the request holds a lone surrogate ({e.object[e.start]!r})")
@@ -214,6 +222,40 @@ def _lora_and_salt(app: web.Application, body: dict[str, Any], model: str):
     return app[CONF]["loras"].get(model), salt
 
 
+def prompt_of(
+    app: web.Application, body: dict[str, Any], chat: bool
+) -> tuple[bytes, list[int] | None, int]:
+    """A chat or completion body's prompt as the engine takes it: (bytes, token ids, token
+    count); bytes with the byte tokenizer, ids with a real one. The Responses API renders its
+    input into a chat body and comes through here too, so both see the same tokens."""
+    tok = app[CONF]["tokenizer"]
+    if tok is None:
+        prompt = _prompt_bytes(body, chat)
+        return prompt, None, count_tokens(prompt)
+    ids = _prompt_ids(body, chat, tok)
+    return b"", ids, len(ids)
+
+
+def submit(
+    app: web.Application,
+    body: dict[str, Any],
+    model: str,
+    prompt: bytes,
+    ids: list[int] | None,
+    max_tokens: int,
+) -> Request:
+    """The prompt queued on the engine (its LoRA and cache salt from the body)."""
+    engine = app[ENGINE]
+    if not engine.fits(len(ids) if ids is not None else count_tokens(prompt), max_tokens):
+        raise BadRequest("the request needs more KV-cache blocks than the engine has")
+    if ids is None:
+        seed = xxhash.xxh32_intdigest(prompt[-256:])
+    else:
+        seed = xxhash.xxh32_intdigest(array("I", ids[-64:]).tobytes())
+    lora, salt = _lora_and_salt(app, body, model)
+    return engine.submit(prompt, max_tokens, seed, ids=ids, lora=lora, salt=salt)
+
+
 async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     received = time.perf_counter()
     app = request.app
@@ -233,15 +275,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
         if not isinstance(opts, dict):
             raise BadRequest("stream_options must be an object", param="stream_options")
     max_tokens = _max_tokens(body, chat)
-    tok = app[CONF]["tokenizer"]
-    if tok is None:
-        prompt = _prompt_bytes(body, chat)
-        ptoks = count_tokens(prompt)
-        ids = None
-    else:
-        ids = _prompt_ids(body, chat, tok)
-        prompt = b""
-        ptoks = len(ids)
+    prompt, ids, ptoks = prompt_of(app, body, chat)
     limit = app[CONF]["max_model_len"]
     if ptoks + max_tokens > limit:
         raise BadRequest(
@@ -250,14 +284,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
             "completion). Please reduce the length of the messages or completion.",
             param="max_tokens" if ptoks < limit else "messages",
         )
-    if not engine.fits(ptoks, max_tokens):
-        raise BadRequest("the request needs more KV-cache blocks than the engine has")
-    if ids is None:
-        seed = xxhash.xxh32_intdigest(prompt[-256:])
-    else:
-        seed = xxhash.xxh32_intdigest(array("I", ids[-64:]).tobytes())
-    lora, salt = _lora_and_salt(app, body, model)
-    r = engine.submit(prompt, max_tokens, seed, ids=ids, lora=lora, salt=salt)
+    r = submit(app, body, model, prompt, ids, max_tokens)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     created = int(time.time())
     include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
@@ -421,6 +448,7 @@ async def tokenize_handler(request: web.Request) -> web.Response:
             "count": len(tokens),
             "max_model_len": request.app[CONF]["max_model_len"],
             "tokens": tokens,
+            "token_strs": None,
         }
     )
 
@@ -515,12 +543,21 @@ async def detokenize_handler(request: web.Request) -> web.Response:
     body = await _body(request)
     _check_model(request, body)
     tok = request.app[CONF]["tokenizer"]
+    vocab = VOCAB_SIZE if tok is None else tok.vocab_size
     ids = body.get("tokens")
     if not isinstance(ids, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < tok.vocab_size for t in ids
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids
     ):
         raise BadRequest("tokens must be a list of token ids", param="tokens")
+    if tok is None:
+        # the byte tokenizer's ids are hashes: read them as a prompt of ids is read (4 bytes
+        # each), so detokenize answers, but tokenize -> detokenize does not round-trip
+        return web.json_response({"prompt": token_ids_to_bytes(ids).decode(errors="replace")})
     return web.json_response({"prompt": tok.decode(ids)})
+
+
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": VLLM_VERSION})
 
 
 def build_app(
@@ -533,6 +570,10 @@ def build_app(
     tokenizer: ChatTokenizer | None = None,
     loras: list[LoRA] | None = None,
     enable_prompt_tokens_details: bool = False,
+    responses_store: bool = False,
+    responses_store_max_bytes: int = 256 * 1024 * 1024,
+    embedding_dim: int = 256,
+    max_audio_bytes: int = 25 * 1024 * 1024,
 ) -> web.Application:
     """Without a tokenizer the simulator always reports cached tokens (as it always has);
     with one it follows vLLM: only with enable_prompt_tokens_details, only when nonzero."""
@@ -591,6 +632,14 @@ def build_app(
     app.router.add_get("/stats", stats)
     app.router.add_post("/reset", reset)
     app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
-    if tokenizer is not None:
-        app.router.add_post("/detokenize", detokenize_handler)
+    app.router.add_post("/detokenize", detokenize_handler)
+    app.router.add_get("/version", version)
+    # Imported here: these modules build on this one's request helpers.
+    from . import audio, pooling, responses_api
+
+    responses_api.add_routes(
+        app, store_enabled=responses_store, store_max_bytes=responses_store_max_bytes
+    )
+    pooling.add_routes(app, embedding_dim=embedding_dim)
+    audio.add_routes(app, max_audio_bytes=max_audio_bytes)
     return app
