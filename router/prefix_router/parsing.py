@@ -157,7 +157,7 @@ def parse_for_routing(
     return parsed, raw
 
 
-_PROMPT_FIELDS = frozenset(("messages", "prompt", "tools"))
+_PROMPT_FIELDS = frozenset(("messages", "prompt", "tools", "input", "instructions"))
 
 
 def _parse_body(
@@ -173,7 +173,10 @@ def _parse_body(
         raise RequestError(400, "'stream' must be a boolean", param="stream")
     responses = None
     if kind == "responses":
-        messages, tools = as_chat(body)
+        try:
+            messages, tools = as_chat(body)
+        except ValueError as exc:
+            raise RequestError(400, str(exc), param="input") from None
         prev = body.get("previous_response_id")
         if prev is not None and not isinstance(prev, str):
             raise RequestError(400, "'previous_response_id' must be a string",

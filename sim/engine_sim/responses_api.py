@@ -23,8 +23,9 @@ from typing import Any
 
 from aiohttp import web
 
+from prefix_router.responses_input import chat_tools, input_messages
+
 from .engine import Request
-from .responses_input import chat_tools, input_messages
 from .responses_store import ResponseStore, Stored
 from .server import CONF, ENGINE, BadRequest, _body, _check_model, _flag, prompt_of, submit
 

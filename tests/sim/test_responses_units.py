@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from engine_sim.chat import render_chat
-from engine_sim.responses_input import chat_tools, input_messages
 from engine_sim.responses_store import ResponseStore, Stored
+from prefix_router.responses_input import chat_tools, input_messages
 
 
 def test_instructions_and_items_are_the_equivalent_chat() -> None:
