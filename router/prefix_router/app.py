@@ -91,8 +91,13 @@ async def _completions(request: web.Request, kind: Kind) -> web.StreamResponse:
     apart = not core.keyer.renders
     parsed, raw = await offload.run(len(raw), parse_for_routing, raw, kind, salt,
                                     s.salt_header_wins, apart, apart=apart)  # fmt: skip
-    session = request.headers.get(s.session_header) if s.session_header else None
-    route = await core.route(parsed, session)
+    previous = parsed.responses and parsed.responses["previous_response_id"]
+    if previous:
+        # a Responses API follow-up: only the engine that stored its history can answer
+        route = await core.pinned(parsed, previous)
+    else:
+        session = request.headers.get(s.session_header) if s.session_header else None
+        route = await core.route(parsed, session)
     return await forward(request, route, raw, core.ledger, app[UPSTREAM])
 
 
@@ -102,6 +107,24 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await _completions(request, "chat")
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    return await _completions(request, "responses")
+
+
+async def stored_response(request: web.Request) -> web.StreamResponse:
+    """GET, DELETE or cancel of a stored response: at the engine holding it, or a 404."""
+    core = request.app[CORE]
+    response_id = request.match_info["response_id"]
+    holder = await core.response_holder(response_id)
+    core.check_holder(holder, response_id, "response_id")
+    assert holder is not None
+    data = None
+    if request.method == "POST":
+        s = request.app[SETTINGS]
+        data = await _read_body(request, s.max_body_bytes, s.body_timeout_s, core.offload)
+    return await request.app[PASSTHROUGH].to(request, request.method, data, holder)
 
 
 async def passthrough_json(request: web.Request) -> web.StreamResponse:
@@ -203,6 +226,10 @@ def build_app(settings: RouterSettings, discovery: Discovery | None = None) -> w
     app.router.add_post(
         "/v1/chat/completions", chat_completions, expect_handler=expect_continue
     )
+    app.router.add_post("/v1/responses", responses, expect_handler=expect_continue)
+    app.router.add_get("/v1/responses/{response_id}", stored_response)
+    app.router.add_delete("/v1/responses/{response_id}", stored_response)
+    app.router.add_post("/v1/responses/{response_id}/cancel", stored_response)
     for path in JSON_POSTS:
         app.router.add_post(path, passthrough_json, expect_handler=expect_continue)
     for path in MULTIPART_POSTS:

@@ -73,6 +73,8 @@ class Ledger:
     # store publishes for the autoscaler (none without one)
     observe: Callable[[float, float], None] | None = None
     clock: Callable[[], float] = time.monotonic
+    # a stored Responses API response's id and its engine (core.py)
+    remember_response: Callable[[str, str], None] | None = None
 
 
 class Attempt:
@@ -171,9 +173,15 @@ class Attempt:
     def chunk(self) -> None:
         self.ledger.steps.beat(self.backend, self.ledger.clock())
 
-    def done(self, answer: str | None, usage: tuple[int, int | None] | None) -> None:
-        """The engine answered in full (2xx)."""
+    def done(
+        self, answer: str | None, usage: tuple[int, int | None] | None,
+        response_id: str | None = None,
+    ) -> None:
+        """The engine answered in full (2xx); `response_id`: the Responses API response it
+        stored (follow-ups and GETs by its id can only be answered there)."""
         led, r, backend = self.ledger, self.route, self.backend
+        if response_id and led.remember_response is not None:
+            led.remember_response(response_id, backend)
         led.backends.report_success(backend)
         led.metrics.count_request(backend, "ok")
         predicted = self.predicted()

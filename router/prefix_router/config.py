@@ -194,6 +194,11 @@ class RouterSettings(_Strict):
     # in this header is worth session_weight_tokens on the engine that served that session
     # last (0 = off); the last engines of at most max_sessions sessions are remembered. 256 is
     # four requests in flight (load_cost_tokens): a starting figure, not yet measured.
+    # Stored Responses API responses: which engine holds each (response_ids.py), for at
+    # most response_ttl_s and max_response_ids ids (about 130 bytes an id), shared with the
+    # other router replicas through the store.
+    response_ttl_s: float = Field(default=86_400.0, gt=0)
+    max_response_ids: int = Field(default=500_000, ge=1)
     session_header: str | None = "x-session-id"
     session_weight_tokens: float = Field(default=256.0, ge=0)
     max_sessions: int = Field(default=100_000, ge=1)

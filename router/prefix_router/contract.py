@@ -22,6 +22,8 @@ carry block hashes in hex, never prompt text):
   routers                 ZSET  router id scored by its last heartbeat
   models                  SET   model names with ownership here (for dropping a backend)
   router:<router id>      HASH  the router's figures over the window (RouterFigures)
+  resp:<id hash>          STRING  the engine holding a stored Responses API response
+                                (response_ids.py), expiring with `response_ttl_s`
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ LOAD_INFIX = "load:"
 ROUTERS_KEY = "routers"
 MODELS_KEY = "models"
 FIGURES_INFIX = "router:"
+RESPONSE_INFIX = "resp:"
 
 # The working set is the distinct blocks requested within the window, counted in buckets.
 WORKING_SET_BUCKET_S = 10
@@ -103,6 +106,10 @@ class StoreKeys:
 
     def figures(self, router_id: str) -> str:
         return f"{self.prefix}{FIGURES_INFIX}{router_id}"
+
+    def response(self, id_hash: int) -> str:
+        """The holder of one stored response, by the 64-bit hash of its id."""
+        return f"{self.prefix}{RESPONSE_INFIX}{id_hash:016x}"
 
     @property
     def figures_prefix(self) -> str:

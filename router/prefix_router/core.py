@@ -16,14 +16,17 @@ from dataclasses import dataclass
 from .attempt import Ledger, Route
 from .backends import BackendSet
 from .config import RouterSettings
+from .errors import RequestError
 from .index import PrefixIndex
 from .index.factory import Parts, build_index
-from .keying import Keyer
+from .keying import Key, Keyer
 from .load import LoadTracker
 from .metrics import RouterMetrics
 from .offload import Offload
 from .parsing import ParsedRequest
-from .scheduling import Scheduler
+from .prefix import chain_seed
+from .response_ids import ResponseIds, id_key
+from .scheduling import Decision, Scheduler
 from .scheduling.filters import eligible
 from .scheduling.scorers import Signals
 from .sessions import Sessions, session_key
@@ -43,6 +46,7 @@ class RouterCore:
     scheduler: Scheduler
     ledger: Ledger
     offload: Offload
+    responses: ResponseIds  # which engine holds each stored Responses API response
 
     async def route(self, parsed: ParsedRequest, session: str | None = None) -> Route:
         """`session`: the id the client named its session by (`session_header`)."""
@@ -56,6 +60,43 @@ class RouterCore:
         )
         self.metrics.overhead.observe(time.perf_counter() - started)
         return Route(parsed, key, decision, started, named)
+
+    async def pinned(self, parsed: ParsedRequest, response_id: str) -> Route:
+        """A request only one engine can answer: the one holding `response_id` (a
+        Responses API follow-up), whatever its load. Nothing is keyed: the history it
+        continues is the engine's, not in the request."""
+        started = time.perf_counter()
+        holder = await self.response_holder(response_id)
+        self.check_holder(holder, response_id, "previous_response_id")
+        assert holder is not None
+        tokens = self.keyer.sizing.prompt_tokens(len(parsed.canonical))
+        key = Key(chain_seed(parsed.model, parsed.cache_salt), [], tokens)
+        self.metrics.count_decision(self.settings.policy, "pinned")
+        return Route(parsed, key, Decision(holder, "pinned", 0, []), started)
+
+    def check_holder(self, holder: str | None, response_id: str, param: str) -> None:
+        """A 404 at once for an id no engine here holds (never stored, expired, or its
+        engine left); a 503 while its engine is out of rotation."""
+        b = self.backends.get(holder) if holder is not None else None
+        if b is None:
+            raise RequestError(404, f"Response with id '{response_id}' not found.",
+                               param=param, code="response_not_found")  # fmt: skip
+        if not b.healthy:
+            raise RequestError(503, "the engine holding this response is out of rotation",
+                               retry_after=1)  # fmt: skip
+
+    def remember_response(self, response_id: str, backend: str) -> None:
+        ttl = self.settings.response_ttl_s
+        self.responses.remember(response_id, backend)
+        self.store.remember_response(id_key(response_id), backend, ttl)
+
+    async def response_holder(self, response_id: str) -> str | None:
+        holder = self.responses.holder(response_id)
+        if holder is None:
+            holder = await self.store.response_holder(id_key(response_id))
+            if holder is not None:
+                self.responses.remember(response_id, holder)
+        return holder
 
     async def start(self) -> None:
         await self.store.start()
@@ -94,6 +135,7 @@ def build_core(
     index = build_index(Parts(s, store, backends, metrics, sizing, clock))
     signals = Signals(sizing=sizing, sessions=Sessions(s.max_sessions))
     scheduler = Scheduler(s, index, load, metrics, signals, store.requested, rng, clock)
+    responses = ResponseIds(s.max_response_ids, s.response_ttl_s, clock)
     ledger = Ledger(
         s, backends, load, index, metrics, signals.steps, signals.sessions, keyer,
         holds=scheduler.profile.uses_index, observe=store.observe, clock=clock,
@@ -101,4 +143,8 @@ def build_core(
     backends.on_gone(index.drop_backend)
     backends.on_gone(load.forget)
     backends.on_gone(signals.steps.forget)  # what was learned of its rhythm goes with it
-    return RouterCore(s, backends, load, metrics, store, index, keyer, scheduler, ledger, offload)
+    core = RouterCore(
+        s, backends, load, metrics, store, index, keyer, scheduler, ledger, offload, responses
+    )
+    ledger.remember_response = core.remember_response
+    return core

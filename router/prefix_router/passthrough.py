@@ -107,6 +107,16 @@ class Passthrough:
         model = model_of_json(raw)
         return await self._relay(request, "POST", raw, model, retry=True)
 
+    async def to(
+        self, request: web.Request, method: str, data: bytes | None, backend: str
+    ) -> web.StreamResponse:
+        """To the one engine that can answer (it holds what the request names)."""
+        resp = await self._try(request, backend, method, data, upstream_headers(request))
+        if isinstance(resp, web.StreamResponse):
+            return resp
+        raise RequestError(503, f"the engine holding it could not answer ({resp})",
+                           retry_after=1)  # fmt: skip
+
     async def get(self, request: web.Request) -> web.StreamResponse:
         return await self._relay(request, "GET", None, None, retry=True)
 

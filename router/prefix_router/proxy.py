@@ -24,7 +24,7 @@ from aiohttp import web
 
 from .attempt import Attempt, Ledger, Route
 from .errors import RequestError, error_body
-from .responses import read_json, read_sse
+from .responses import read_json, read_response_json, read_response_sse, read_sse
 from .upstream import (
     UpstreamClient,
     UpstreamConnectError,
@@ -153,7 +153,11 @@ class _Forward:
             )
         resp = web.Response(status=status, body=body, headers=self.response_headers(answer, a))
         if 200 <= status < 300:
-            a.done(*read_json(body, self.route.parsed.kind))
+            parsed = self.route.parsed
+            if parsed.responses is not None:
+                a.done(*read_response_json(body))
+            else:
+                a.done(*read_json(body, parsed.kind))
         else:
             # the engine refused the request (its answer goes to the client as it is); a
             # client's bad request must not eject an engine
@@ -197,7 +201,11 @@ class _Forward:
             a.failed("client_gone", at_fault=False)
             return resp
         await resp.write_eof()
-        a.done(*read_sse(bytes(sniff), self.route.parsed.kind))
+        parsed = self.route.parsed
+        if parsed.responses is not None:
+            a.done(*read_response_sse(bytes(sniff)))
+        else:
+            a.done(*read_sse(bytes(sniff), parsed.kind))
         return resp
 
     def response_headers(self, answer: UpstreamResponse, a: Attempt) -> dict[str, str]:

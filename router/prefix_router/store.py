@@ -42,6 +42,13 @@ class Store:
     def requested(self, model: str, hashes: list[int]) -> None:
         """A request asked for this chain (the working set the autoscaler reads)."""
 
+    def remember_response(self, id_hash: int, backend: str, ttl_s: float) -> None:
+        """The other routers learn which engine holds this stored response."""
+
+    async def response_holder(self, id_hash: int) -> str | None:
+        """The engine another router saw store this response (None: none did)."""
+        return None
+
     def stats(self) -> StoreStats:
         return StoreStats()
 
