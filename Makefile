@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint bench bench-quick redis k8s-binaries helm llama image node-images \
+.PHONY: demo test lint bench bench-quick redis k8s-binaries helm llama anchors image node-images \
 	cluster cluster-down clean
 
 $(STAMP): pyproject.toml
@@ -37,6 +37,15 @@ llama: $(LLAMA_STAMP)
 	@PYTHON=$(PY) bash hack/llama/ensure.sh
 	@$(PY) hack/llama/make_gguf.py $(TOKENIZER_DIR)
 
+# The anchors' and the third-party client's pinned venvs (python -m bench install, cached under
+# ~/.cache/prefix-router/anchors: ~2 min and ~1 GB cold, nothing once built), so `make test`
+# runs their tests (tests/bench/test_anchors.py). inference-perf needs Python >= 3.12: where
+# pyenv is, each of its versions is offered to the install's search (its shims answer only for
+# the versions named in PYENV_VERSION).
+anchors: $(STAMP)
+	@PYENV_VERSION="$${PYENV_VERSION:-$$(pyenv versions --bare 2>/dev/null | paste -sd: -)}" \
+	  $(PY) -m bench install
+
 # The images the real node runs (product from the Dockerfile, Redis, pause, CoreDNS), built
 # without Docker and cached by content; imported into the node when one is up.
 image: k8s-binaries
@@ -60,7 +69,7 @@ cluster-down:
 demo: $(STAMP)
 	$(PY) -m bench demo
 
-test: $(STAMP) redis k8s-binaries helm llama node-images
+test: $(STAMP) redis k8s-binaries helm llama anchors node-images
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -rs --ignore=tests/redis --ignore=tests/node
 	# The Redis store tests run in their own process, so their real redis-servers and

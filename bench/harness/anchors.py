@@ -1,6 +1,6 @@
 """Third-party routers ("anchors") and clients, each pinned, in its own cached venv built once
-by `python -m bench install` (never by `make test`). Why each setting and flag:
-bench/results/anchors/NOTES.md."""
+by `python -m bench install` (`make test` runs it: tests/bench/test_anchors.py runs each).
+Why each setting and flag: bench/results/anchors/NOTES.md."""
 
 import json
 import os

@@ -58,7 +58,7 @@ def store() -> Iterator[tuple[str, int, str]]:
     """A real redis-server with a password: the 'external' cache store."""
     binary = os.environ.get("REDIS_SERVER") or shutil.which("redis-server")
     if not binary:
-        pytest.skip("redis-server not installed")
+        pytest.fail("redis-server is not installed (make test installs it)", pytrace=False)
     password = "s3cret"
     with running_redis(binary, password) as port:
         yield "127.0.0.1", port, password

@@ -1,5 +1,5 @@
 """The adapter's two listeners as a real process, over real TLS: the `prefix-metrics-adapter`
-command on 127.0.0.1 with certificates made by the openssl CLI (a front-proxy CA, a client CA
+command on 127.0.0.1 with certificates made here with `cryptography` (a front-proxy CA, a client CA
 for KEDA, and a CA nobody trusts), called with urllib.
 
 What the unit tests (test_adapter_auth.py) cannot show: which CA the TLS layer trusts on which
@@ -11,8 +11,9 @@ them: tests/k8s/test_adapter_keda.py.
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import json
-import shutil
 import socket
 import ssl
 import subprocess
@@ -24,13 +25,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from processes import stop_process  # e2e/cluster, on sys.path from conftest.py
 from waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 RESOURCES = "/apis/external.metrics.k8s.io/v1beta1"
-OPENSSL = shutil.which("openssl")
-pytestmark = pytest.mark.skipif(OPENSSL is None, reason="needs the openssl CLI")
 
 
 def free_port() -> int:
@@ -40,44 +43,75 @@ def free_port() -> int:
 
 
 class PKI:
-    """CAs and certificates from the openssl CLI (EC P-256, one day)."""
+    """CAs and certificates made with the `cryptography` package (EC P-256, one day), written
+    as PEM files the adapter and urllib's TLS read."""
 
     def __init__(self, directory: Path) -> None:
         self.dir = directory
+        self._keys: dict[Path, ec.EllipticCurvePrivateKey] = {}
+        self._certs: dict[Path, x509.Certificate] = {}
 
-    def _run(self, *args: str) -> None:
-        assert OPENSSL is not None
-        subprocess.run([OPENSSL, *args], check=True, capture_output=True)
+    def _write(self, name: str, crt: x509.Certificate, key: ec.EllipticCurvePrivateKey
+               ) -> tuple[Path, Path]:  # fmt: skip
+        crt_path, key_path = self.dir / f"{name}.crt", self.dir / f"{name}.key"
+        crt_path.write_bytes(crt.public_bytes(serialization.Encoding.PEM))
+        key_path.write_bytes(key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption()))  # fmt: skip
+        self._keys[crt_path], self._certs[crt_path] = key, crt
+        return crt_path, key_path
+
+    @staticmethod
+    def _name(subject: str) -> x509.Name:
+        """"/O=keda/CN=keda-operator" as an X.509 name."""
+        oids = {"CN": NameOID.COMMON_NAME, "O": NameOID.ORGANIZATION_NAME}
+        parts = [p.split("=", 1) for p in subject.strip("/").split("/")]
+        return x509.Name([x509.NameAttribute(oids[k], v) for k, v in parts])
+
+    def _builder(self, subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivateKey
+                 ) -> x509.CertificateBuilder:  # fmt: skip
+        now = datetime.datetime.now(datetime.UTC)
+        return (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer)
+                .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                .not_valid_before(now - datetime.timedelta(minutes=5))
+                .not_valid_after(now + datetime.timedelta(days=1)))  # fmt: skip
 
     def ca(self, name: str) -> tuple[Path, Path]:
-        crt, key = self.dir / f"{name}.crt", self.dir / f"{name}.key"
-        self._run(
-            "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-            "-keyout", str(key), "-out", str(crt), "-days", "1", "-subj", f"/CN={name}",
-            "-addext", "basicConstraints=critical,CA:TRUE",
-            "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-        )  # fmt: skip
-        return crt, key
+        key = ec.generate_private_key(ec.SECP256R1())
+        subject = self._name(f"/CN={name}")
+        usage = x509.KeyUsage(digital_signature=False, content_commitment=False,
+                              key_encipherment=False, data_encipherment=False,
+                              key_agreement=False, key_cert_sign=True, crl_sign=True,
+                              encipher_only=False, decipher_only=False)  # fmt: skip
+        crt = (self._builder(subject, subject, key)
+               .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+               .add_extension(usage, critical=True)
+               .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
+                              critical=False)
+               .sign(key, hashes.SHA256()))  # fmt: skip
+        return self._write(name, crt, key)
 
     def cert(
         self, name: str, ca: tuple[Path, Path], subject: str, *, server: bool = False
     ) -> tuple[Path, Path]:
-        crt, key, csr = (self.dir / f"{name}.{ext}" for ext in ("crt", "key", "csr"))
-        ext = self.dir / f"{name}.ext"
-        ext.write_text(
-            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n"
-            + ("extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n"
-               if server else "extendedKeyUsage=clientAuth\n")
-        )  # fmt: skip
-        self._run(
-            "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-            "-keyout", str(key), "-out", str(csr), "-subj", subject,
-        )  # fmt: skip
-        self._run(
-            "x509", "-req", "-in", str(csr), "-CA", str(ca[0]), "-CAkey", str(ca[1]),
-            "-CAcreateserial", "-days", "1", "-out", str(crt), "-extfile", str(ext),
-        )  # fmt: skip
-        return crt, key
+        ca_crt, ca_key = self._certs[ca[0]], self._keys[ca[0]]
+        key = ec.generate_private_key(ec.SECP256R1())
+        usage = x509.KeyUsage(digital_signature=True, content_commitment=False,
+                              key_encipherment=False, data_encipherment=False,
+                              key_agreement=False, key_cert_sign=False, crl_sign=False,
+                              encipher_only=False, decipher_only=False)  # fmt: skip
+        purpose = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+        b = (self._builder(self._name(subject), ca_crt.subject, key)
+             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=False)
+             .add_extension(usage, critical=True)
+             .add_extension(x509.ExtendedKeyUsage([purpose]), critical=False)
+             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
+                 ca_crt.public_key()), critical=False))  # fmt: skip
+        if server:
+            b = b.add_extension(x509.SubjectAlternativeName([
+                x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
+                critical=False)  # fmt: skip
+        return self._write(name, b.sign(ca_key, hashes.SHA256()), key)
 
 
 class Certs:

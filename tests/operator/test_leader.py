@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -264,7 +265,29 @@ async def test_standby_health_answers_and_frees_the_port_for_kopf() -> None:
         sock.bind(("127.0.0.1", port))
 
 
+def listening_sockets() -> set[str]:
+    """The local addresses this process listens on (TCP, v4 and v6), read from /proc: the
+    sockets among our descriptors whose state is LISTEN (0A)."""
+    mine = {os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+            if os.path.exists(f"/proc/self/fd/{fd}")}  # fmt: skip
+    out = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            f = line.split()
+            if f[3] == "0A" and f"socket:[{f[9]}]" in mine:
+                out.add(f[1])
+    return out
+
+
 async def test_standby_health_disabled_without_url() -> None:
+    # Without kopf's liveness URL there is nothing to answer for: no listener at all (with
+    # no URL to read a port from, a listener would land on 0.0.0.0:80).
+    asked: list[int] = []
+    before = listening_sockets()
     health = StandbyHealth(None)
-    await health.start(dict)
-    await health.stop()
+    await health.start(lambda: {"asked": asked.append(1)})
+    try:
+        assert listening_sockets() == before
+    finally:
+        await health.stop()
+    assert not asked
