@@ -117,7 +117,7 @@ async def stored_response(request: web.Request) -> web.StreamResponse:
     """GET, DELETE or cancel of a stored response: at the engine holding it, or a 404."""
     core = request.app[CORE]
     response_id = request.match_info["response_id"]
-    holder = await core.response_holder(response_id)
+    holder = await core.responses.holder(response_id)
     core.check_holder(holder, response_id, "response_id")
     assert holder is not None
     data = None

@@ -25,7 +25,7 @@ from .metrics import RouterMetrics
 from .offload import Offload
 from .parsing import ParsedRequest
 from .prefix import chain_seed
-from .response_ids import ResponseIds, id_key
+from .response_ids import Holders, ResponseIds
 from .scheduling import Decision, Scheduler
 from .scheduling.filters import eligible
 from .scheduling.scorers import Signals
@@ -46,7 +46,7 @@ class RouterCore:
     scheduler: Scheduler
     ledger: Ledger
     offload: Offload
-    responses: ResponseIds  # which engine holds each stored Responses API response
+    responses: Holders  # which engine holds each stored Responses API response
 
     async def route(self, parsed: ParsedRequest, session: str | None = None) -> Route:
         """`session`: the id the client named its session by (`session_header`)."""
@@ -66,7 +66,7 @@ class RouterCore:
         Responses API follow-up), whatever its load. Nothing is keyed: the history it
         continues is the engine's, not in the request."""
         started = time.perf_counter()
-        holder = await self.response_holder(response_id)
+        holder = await self.responses.holder(response_id)
         self.check_holder(holder, response_id, "previous_response_id")
         assert holder is not None
         tokens = self.keyer.sizing.prompt_tokens(len(parsed.canonical))
@@ -84,19 +84,6 @@ class RouterCore:
         if not b.healthy:
             raise RequestError(503, "the engine holding this response is out of rotation",
                                retry_after=1)  # fmt: skip
-
-    def remember_response(self, response_id: str, backend: str) -> None:
-        ttl = self.settings.response_ttl_s
-        self.responses.remember(response_id, backend)
-        self.store.remember_response(id_key(response_id), backend, ttl)
-
-    async def response_holder(self, response_id: str) -> str | None:
-        holder = self.responses.holder(response_id)
-        if holder is None:
-            holder = await self.store.response_holder(id_key(response_id))
-            if holder is not None:
-                self.responses.remember(response_id, holder)
-        return holder
 
     async def start(self) -> None:
         await self.store.start()
@@ -135,16 +122,17 @@ def build_core(
     index = build_index(Parts(s, store, backends, metrics, sizing, clock))
     signals = Signals(sizing=sizing, sessions=Sessions(s.max_sessions))
     scheduler = Scheduler(s, index, load, metrics, signals, store.requested, rng, clock)
-    responses = ResponseIds(s.max_response_ids, s.response_ttl_s, clock)
+    responses = Holders(
+        ResponseIds(s.max_response_ids, s.response_ttl_s, clock), store, s.response_ttl_s
+    )
     ledger = Ledger(
         s, backends, load, index, metrics, signals.steps, signals.sessions, keyer,
         holds=scheduler.profile.uses_index, observe=store.observe, clock=clock,
+        remember_response=responses.remember,
     )
     backends.on_gone(index.drop_backend)
     backends.on_gone(load.forget)
     backends.on_gone(signals.steps.forget)  # what was learned of its rhythm goes with it
-    core = RouterCore(
+    return RouterCore(
         s, backends, load, metrics, store, index, keyer, scheduler, ledger, offload, responses
     )
-    ledger.remember_response = core.remember_response
-    return core

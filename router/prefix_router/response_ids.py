@@ -1,15 +1,20 @@
 """Which engine holds each stored Responses API response (vLLM keeps a stored response in the
 memory of the one server that produced it): a follow-up naming it, and GET, DELETE or cancel
-by its id, can only be answered there. Pure: a bounded map, oldest out first, entries expire;
-the store shares it between router replicas (redis/ids.py)."""
+by its id, can only be answered there. `ResponseIds` is this router's map (pure: bounded,
+oldest out first, entries expire); `Holders` puts the store behind it, so every router
+replica knows every response."""
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import xxhash
+
+if TYPE_CHECKING:
+    from .store import Store
 
 
 def id_key(response_id: str) -> int:
@@ -50,3 +55,26 @@ class ResponseIds:
 
     def __len__(self) -> int:
         return len(self._held)
+
+
+class Holders:
+    """This router's map, and the store's for ids another router saw stored."""
+
+    __slots__ = ("ids", "store", "ttl_s")
+
+    def __init__(self, ids: ResponseIds, store: Store, ttl_s: float) -> None:
+        self.ids = ids
+        self.store = store
+        self.ttl_s = ttl_s
+
+    def remember(self, response_id: str, backend: str) -> None:
+        self.ids.remember(response_id, backend)
+        self.store.remember_response(id_key(response_id), backend, self.ttl_s)
+
+    async def holder(self, response_id: str) -> str | None:
+        holder = self.ids.holder(response_id)
+        if holder is None:
+            holder = await self.store.response_holder(id_key(response_id))
+            if holder is not None:
+                self.ids.remember(response_id, holder)
+        return holder
