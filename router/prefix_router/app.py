@@ -194,6 +194,7 @@ def build_app(settings: RouterSettings, discovery: Discovery | None = None) -> w
                 sched.speculative.drop_backend,
                 lambda backend, model, keys: sched.speculative.settle(model, keys, backend),
             )
+            sched.tiers = index.lower_tiers
             metrics_.watch_events(events.stats)
             backends.on_join(events.join)
             backends.on_gone(lambda b: asyncio.ensure_future(events.leave(b)))

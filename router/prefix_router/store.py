@@ -53,7 +53,9 @@ class Store:
 
 def local_index(s: RouterSettings) -> LocalIndex:
     if s.index == "events":
-        return EventsIndex(s.block_size, s.max_table_entries, s.max_owners)
+        return EventsIndex(
+            s.block_size, s.max_table_entries, s.max_owners, tier_costs=s.events.tier_costs
+        )
     return LocalIndex(
         s.block_size, s.kv_capacity_tokens, s.ttl_seconds, s.max_table_entries, s.max_owners
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from ..tokens import ChatTokenizer
 
 log = logging.getLogger("prefix_router.decisions")
+# (model, chain, GPU matches, candidates) -> prefill lower tiers save, in blocks, per backend
+TierLookup = Callable[[str, Sequence[int], Mapping[str, int], Sequence[str]], dict[str, float]]
 
 
 @dataclass(slots=True)
@@ -78,6 +80,9 @@ class Scheduler:
         self.pending = PendingIndex()  # chains sent, not yet answered
         # with the engines' events: chains answered whose events have not come yet
         self.speculative = PendingIndex()
+        # with the engines' events: per backend, the prefill its lower KV tiers (CPU) save
+        # after its GPU match, in GPU-hit blocks (EventsIndex.lower_tiers)
+        self.tiers: TierLookup | None = None
         self.signals = Signals()
         self._rng = rng or random.Random()
         self.profile = PROFILES[settings.policy](settings, self.signals, self._rng)
@@ -186,8 +191,10 @@ class Scheduler:
         index = self.index
         now = self.clock()
         best = 0
+        lower = self.tiers(model, hashes, matches, [c.name for c in cands]) if self.tiers else {}
         for c in cands:
             m = c.matched_blocks = matches.get(c.name, 0)
+            c.tier_blocks = lower.get(c.name, 0.0)
             best = max(best, m)
             c.occupancy = index.occupancy(model, c.name)
             c.tail_age = index.tail_age(model, c.name)
