@@ -92,6 +92,13 @@ def main(argv: list[str] | None = None) -> None:
         "(without --tokenizer the simulator always reports it)",
     )
     p.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH")
+    p.add_argument(
+        "--kv-offloading-tokens",
+        type=int,
+        default=0,
+        help="a CPU tier of this many tokens behind the GPU cache (vLLM's CPU offloading): "
+        "GPU evictions move there, with KV events for both media; 0: none",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
@@ -139,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
             sequences=sequences,
             preemption=preemption,
             events=events,
+            cpu_offload_tokens=args.kv_offloading_tokens,
         )
         app = build_app(
             model=args.model,

@@ -11,6 +11,9 @@ recompute (`"recompute"`): the newest running request loses its blocks (they sta
 unreferenced, so LRU may evict them) and goes back to the head of the queue, to be prefilled
 again over its prompt and what it had generated. With a KV-event publisher, every block that
 enters the cache, every eviction and every reset is published once a step (kvevents.py).
+With a CPU tier (`cpu_offload_tokens`: vLLM's CPU offloading), a block the GPU evicts moves
+there; a request's blocks after its GPU hit that the CPU tier holds are loaded back, at the
+profile's load time a token in the step that admits it, instead of prefilled.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .kvcache import PrefixCache
+from .kvcache import CpuTier, PrefixCache
 from .profiles import Profile, step_time
 from .sequences import ByteSequences, LoRA, TokenSequences, extra_keys
 from .tokenizer import BYTES_PER_TOKEN, count_tokens
@@ -45,6 +48,7 @@ class Request:
     total_blocks: int = 0
     cached_tokens: int = 0
     prefill_left: int = 0
+    load_left: int = 0  # tokens to load from the CPU tier before its prefill goes on
     generated: int = 0
     preemptions: int = 0
     arrived: float = 0.0
@@ -62,6 +66,7 @@ class Counters:
     requests: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    cpu_cached_tokens: int = 0  # of cached_tokens, those loaded from the CPU tier
     generation_tokens: int = 0
     preemptions: int = 0
     # Steps that only decoded, and their wall time in all: the engine's own step rhythm, which
@@ -91,6 +96,7 @@ class Engine:
         sequences: ByteSequences | TokenSequences | None = None,
         preemption: str = "off",
         events: KVEventPublisher | None = None,
+        cpu_offload_tokens: int = 0,
     ) -> None:
         if preemption not in PREEMPTION:
             raise ValueError(f"preemption must be one of {PREEMPTION}")
@@ -106,6 +112,11 @@ class Engine:
         self.cache = PrefixCache(kv_capacity_tokens, block_size)
         if events is not None:
             self.cache.on_evict = events.removed
+        if cpu_offload_tokens > 0:
+            cpu = self.cache.cpu = CpuTier(cpu_offload_tokens, block_size)
+            if events is not None:
+                cpu.on_store = events.offloaded
+                cpu.on_evict = events.offload_evicted
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.counters = Counters()
@@ -127,6 +138,8 @@ class Engine:
         self.counters = Counters()
         if not self.running and not self.waiting:
             self._clear_cache()
+            if self.cache.cpu is not None:
+                self.cache.cpu.clear()
             self._flush()
 
     def reset_prefix_cache(self) -> int:
@@ -215,20 +228,26 @@ class Engine:
         resumed = r.preemptions > 0
         seq_tokens = r.prompt_tokens + r.generated
         hit = self.cache.match(r.hashes, seq_tokens)
+        # the blocks after the GPU hit that the CPU tier holds are loaded, not computed (as
+        # vLLM's offloading connector looks up from where the GPU hit ends)
+        cpu = self.cache.cpu
+        loaded = cpu.run(r.hashes, hit, seq_tokens, self.block_size) if cpu is not None else 0
         new: list[int] | None = [] if self.events is not None else None
         self.cache.allocate(r.hashes, r.total_blocks, new)
         if new:
             self._stored(r, r.hashes, new)
-        r.prefill_left = seq_tokens - hit * self.block_size
+        r.prefill_left = seq_tokens - (hit + loaded) * self.block_size
+        r.load_left = loaded * self.block_size
         r.admitted = True
         self.running.append(r)
         if resumed:
             return  # usage and prefix-cache figures count a request's first admission only
-        r.cached_tokens = hit * self.block_size
+        r.cached_tokens = (hit + loaded) * self.block_size
         c = self.counters
         c.requests += 1
         c.prompt_tokens += r.prompt_tokens
         c.cached_tokens += r.cached_tokens
+        c.cpu_cached_tokens += loaded * self.block_size
 
     def _release(self, r: Request, cache_output: bool) -> None:
         final = self.seqs.final_hashes(r) if cache_output and r.generated else None
@@ -319,8 +338,13 @@ class Engine:
                     decoding.append(r)
                     context += r.prompt_tokens + r.generated
             prefill_tokens = p.max_batched_tokens - budget
+            # what admitted requests load from the CPU tier holds up the step it is loaded in
+            loading = 0
+            for r in self.running:
+                loading += r.load_left
+                r.load_left = 0
             began = time.perf_counter()
-            await asyncio.sleep(step_time(p, prefill_tokens, context, self.time_scale))
+            await asyncio.sleep(step_time(p, prefill_tokens, context, self.time_scale, loading))
             now = time.perf_counter()
             if not prefill_now:
                 self.counters.decode_steps += 1
