@@ -13,7 +13,10 @@ again over its prompt and what it had generated. With a KV-event publisher, ever
 enters the cache, every eviction and every reset is published once a step (kvevents.py).
 With a CPU tier (`cpu_offload_tokens`: vLLM's CPU offloading), a block the GPU evicts moves
 there; a request's blocks after its GPU hit that the CPU tier holds are loaded back, at the
-profile's load time a token in the step that admits it, instead of prefilled.
+profile's load time a token in the step that admits it, instead of prefilled. With a sliding
+window (`window_tokens`: a hybrid model), a second KV-cache group caches the same blocks in a
+pool of its own, with events of group_idx 1, and a hit needs its blocks of the window before
+the hit point too (vLLM's rule for sliding-window groups).
 """
 
 from __future__ import annotations
@@ -97,6 +100,8 @@ class Engine:
         preemption: str = "off",
         events: KVEventPublisher | None = None,
         cpu_offload_tokens: int = 0,
+        window_tokens: int = 0,
+        window_capacity_tokens: int = 0,
     ) -> None:
         if preemption not in PREEMPTION:
             raise ValueError(f"preemption must be one of {PREEMPTION}")
@@ -112,6 +117,13 @@ class Engine:
         self.cache = PrefixCache(kv_capacity_tokens, block_size)
         if events is not None:
             self.cache.on_evict = events.removed
+        # a hybrid model's sliding-window KV-cache group (group 1), in a pool of its own
+        self.window_tokens = window_tokens
+        self.window: PrefixCache | None = None
+        if window_tokens > 0:
+            self.window = PrefixCache(window_capacity_tokens or kv_capacity_tokens, block_size)
+            if events is not None:
+                self.window.on_evict = lambda h: events.removed(h, group_idx=1)
         if cpu_offload_tokens > 0:
             cpu = self.cache.cpu = CpuTier(cpu_offload_tokens, block_size)
             if events is not None:
@@ -157,6 +169,8 @@ class Engine:
 
     def _clear_cache(self) -> None:
         self.cache.clear()
+        if self.window is not None:
+            self.window.clear()
         if self.events is not None:
             self.events.cleared()
 
@@ -200,9 +214,11 @@ class Engine:
         self._flush()
 
     # -- the cache, with events ------------------------------------------------------------
-    def _stored(self, r: Request, hashes: list[int], new: list[int]) -> None:
+    def _stored(self, r: Request, hashes: list[int], new: list[int], group: int = 0) -> None:
         """Publish the blocks at indices `new` of `hashes` (r's chain) as stored: one
-        BlockStored for each run of consecutive blocks, as vLLM stores a run at a time."""
+        BlockStored for each run of consecutive blocks, as vLLM stores a run at a time; for
+        each KV-cache group (1: the sliding-window one)."""
+        window = {"group_idx": 1, "kind": "sliding_window", "window": self.window_tokens}
         ev = self.events
         i = 0
         while i < len(new):
@@ -217,6 +233,7 @@ class Engine:
                 lora_id=r.lora.id if r.lora else None,
                 lora_name=r.lora.name if r.lora else None,
                 extra_keys=extra_keys(r, first, last),
+                **(window if group else {}),
             )
             i = j + 1
 
@@ -228,6 +245,8 @@ class Engine:
         resumed = r.preemptions > 0
         seq_tokens = r.prompt_tokens + r.generated
         hit = self.cache.match(r.hashes, seq_tokens)
+        if self.window is not None:
+            hit = self._window_hit(r.hashes, hit)
         # the blocks after the GPU hit that the CPU tier holds are loaded, not computed (as
         # vLLM's offloading connector looks up from where the GPU hit ends)
         cpu = self.cache.cpu
@@ -236,6 +255,11 @@ class Engine:
         self.cache.allocate(r.hashes, r.total_blocks, new)
         if new:
             self._stored(r, r.hashes, new)
+        if self.window is not None:
+            new = [] if self.events is not None else None
+            self.window.allocate(r.hashes, r.total_blocks, new)
+            if new:
+                self._stored(r, r.hashes, new, group=1)
         r.prefill_left = seq_tokens - (hit + loaded) * self.block_size
         r.load_left = loaded * self.block_size
         r.admitted = True
@@ -255,6 +279,23 @@ class Engine:
         self.cache.release(r.hashes, r.total_blocks, final, new)
         if new:
             self._stored(r, final, new)
+        if self.window is not None:
+            new = [] if self.events is not None and final else None
+            self.window.release(r.hashes, r.total_blocks, final, new)
+            if new:
+                self._stored(r, final, new, group=1)
+
+    def _window_hit(self, hashes: list[int], hit: int) -> int:
+        """vLLM's hit for a hybrid model: the longest n <= the full-attention hit for which the
+        sliding-window group holds the blocks of the window before n, ceil((W - 1) / B) of
+        them (SlidingWindowManager.find_longest_cache_hit)."""
+        window = self.window
+        assert window is not None
+        tail = max(1, -(-(self.window_tokens - 1) // self.block_size))
+        for n in range(hit, 0, -1):
+            if all(window.holds(hashes[i]) for i in range(max(0, n - tail), n)):
+                return n
+        return 0
 
     def _preempt(self, r: Request) -> None:
         """vLLM v1's preemption by recompute: free the blocks (what was computed stays cached,

@@ -143,6 +143,9 @@ class PrefixCache:
     def cached_blocks(self) -> int:
         return len(self._ref)
 
+    def holds(self, h: int) -> bool:
+        return h in self._ref
+
     def match(self, hashes: list[int], prompt_tokens: int) -> int:
         """Leading blocks of `hashes` in the cache, capped so at least one token is computed."""
         cap = (prompt_tokens - 1) // self.block_size
