@@ -107,14 +107,15 @@ def hybrid_hit(
     model: str, backend: str,
 ) -> int:
     """The longest hit n <= `full` (the leading blocks the full-attention groups hold) for
-    which every other group holds what a hit of n needs."""
-    for n in range(full, 0, -1):
-        if all(
-            all(res.holds(model, hashes[i], backend) for i in range(max(0, n - need.tail), n))
-            for need, res in groups
-        ):
-            return n
-    return 0
+    which every other group holds what a hit of n needs: one pass over the chain a group."""
+    ok = [True] * (full + 1)  # ok[n]: a hit of n blocks has what every group needs
+    for need, res in groups:
+        run = 0  # blocks held without a gap, up to block i
+        for i in range(full):
+            run = run + 1 if res.holds(model, hashes[i], backend) else 0
+            if run < min(need.tail, i + 1):
+                ok[i + 1] = False
+    return next((n for n in range(full, 0, -1) if ok[n]), 0)
 
 
 def tier_run(
