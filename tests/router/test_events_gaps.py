@@ -1,8 +1,9 @@
 """The KV events of real deployments the release captures do not cover
-(tests/fixtures/vllm-kv-events/gaps: vLLM 0.34.0's own encoder, and the shapes of vLLM's
-main and of its snapshot-service PR): map-encoded batches, an offloading tier's events, a
-hybrid model's KV-cache groups, multimodal keys before the cache salt, a publisher's id at
-the end of the batch. Decoded, applied, and looked up as the scheduler does."""
+(tests/fixtures/vllm-kv-events/gaps: vLLM 0.34.0's own encoder, and the shapes of vLLM
+commit 0181ea3173e5 and of its snapshot-service PR): map-encoded batches, an offloading
+tier's events, a hybrid model's KV-cache groups, multimodal keys before the cache salt, a
+publisher's id at the end of the batch. Decoded, applied, and looked up as the scheduler
+does."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 A batch is `[ts, events]`, `[ts, events, data_parallel_rank]`, or, from a publisher with
 vLLM's opt-in snapshot service (vLLM PR #57789), `[ts, events, rank, publisher_id]`; or the
-same as a map by name (vLLM's main since the batch struct lost `array_like`). An event is a
+same as a map by name (vLLM commit 0181ea3173e5's `EventBatch`). An event is a
 tagged array, `[tag, field, ...]` by position (vLLM up to 0.23), or a map tagged by `type`
 (vLLM 0.24 on), by name. Fields a release does not send are None; fields it adds later are
 ignored. Hashes are ints (signed or unsigned 64-bit) or bytes; either is only ever compared
