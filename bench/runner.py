@@ -420,7 +420,11 @@ async def run_scenario(sc: Scenario, command: str, write: bool = True) -> list[d
 
 
 async def start_sims(fleet: Fleet, sc: Scenario, kv: int) -> list[str]:
+    def extra(cap: int) -> list[str]:
+        cpu = ["--kv-offloading-tokens", str(round(cap * sc.cpu_tier))] if sc.cpu_tier else []
+        return [*(TOKEN_SIM_ARGS if sc.kv_events else ()), *cpu]
+
     return [p.url for p in await asyncio.gather(*(fleet.start_sim(
         f"sim{k}", model=MODEL, kv_capacity=cap, profile=sc.profile, time_scale=sc.time_scale,
-        kv_events=sc.kv_events, extra=list(TOKEN_SIM_ARGS) if sc.kv_events else None)
+        kv_events=sc.kv_events, extra=extra(cap))
         for k, cap in enumerate(capacities(sc, kv))))]

@@ -141,6 +141,7 @@ class Scenario:
     restart: tuple[int, float] | None = None  # simulator k killed and started again
     kv_events: bool = False  # simulators in vLLM's token mode with KV events
     kv_shares: tuple[float, ...] = ()  # simulator k's capacity x kv_shares[k]
+    cpu_tier: float = 0.0  # a CPU tier behind each simulator's GPU cache, x its capacity
     shape: Shape | None = None  # the rate over the run
     ws_share: float | None = None  # capacity such that the working set is this of the fleet's
     rules: tuple[Rule, ...] = ()
@@ -416,6 +417,28 @@ DRIFT = (
            ws_share=0.732, shape=Ramp(0.1, 1.0), rates=(30.0,), seconds=120.0),
 )
 SCENARIOS.update({s.name: s for s in DRIFT})
+GPU_ONLY = "prefix-events,events.tier_costs={}"  # today's scoring: CPU-tier events not counted
+SCENARIOS["cpu-offload"] = Scenario(
+    "cpu-offload", "issue 36: engines with a CPU tier 4 x their GPU cache, scored by tier or "
+    "by the GPU alone", "CPU offloading: a lower tier's hits scored at their load cost",
+    "8 `engine-sim` replicas in vLLM's token mode with KV events, each with a CPU tier of 4 x "
+    "its GPU cache (`--kv-offloading-tokens`: a GPU eviction moves the block there, with "
+    "events for both media; a CPU hit costs its load, 1.6 us a token against 79 us of "
+    "prefill). The GPU caches hold a quarter of the working set (the customers workload: 150 "
+    "contexts x 5 users), the CPU tiers (4 x) about all of it. `prefix-events` scores a "
+    "CPU-tier block at 1 - 1/22 of a GPU hit (RouterSettings.events.tier_costs); `"
+    + GPU_ONLY + "` counts GPU blocks only, as before issue 36. Hit rate: prompt tokens the "
+    "engines did not prefill (GPU hits and CPU loads) over all; cpu: the CPU loads' share",
+    "cpu-offload", workloads=("customers",),
+    setups=("prefix-events", GPU_ONLY), rates=(10.0,), seconds=120.0, repeats=2,
+    fresh_fleet=True, kv_events=True, ws_share=4.0, cpu_tier=4.0, group_by=(),
+    columns=("router", "engine_hit_rate", "engine_cpu_hit_rate", "ttft_p50_ms", "ttft_p90_ms",
+             "ttft_p99_ms", "throughput_rps", "errors", "imbalance"),
+    rules=(Rule("CPU-tier scoring: engine hit rate >= GPU-only's", "engine_hit_rate",
+                {"router": "prefix-events"}, ">=", 1.0, {"router": GPU_ONLY}),
+           Rule("CPU-tier scoring: TTFT p50 <= GPU-only's", "ttft_p50_ms",
+                {"router": "prefix-events"}, "<=", 1.0, {"router": GPU_ONLY})),
+    quick={"seconds": 30.0, "repeats": 1})
 SCENARIOS["drift"] = Scenario(
     "drift", "issue 22's drift set: every case in the three index modes (bench/results/drift)",
     "Engines that drift: the index fed by decisions, reported cached tokens, or KV events",

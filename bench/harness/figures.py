@@ -47,6 +47,9 @@ def step_figures(log: RunLog, before: Snapshot, after: Snapshot,
         "unfinished": len(log.sent) - len(log.results),  # when the drain ended
         "unsent": log.planned - len(log.sent),  # turns after a failed turn
         "engine_hit_rate": ratio(sum(cached), sum(prompt)) or 0.0,
+        # of those, the tokens loaded from the simulators' CPU tiers (--kv-offloading-tokens)
+        "engine_cpu_hit_rate": ratio(sum(_delta(after, before, "cpu_cached_tokens")),
+                                     sum(prompt)) or 0.0,
         **percentiles_ms([r.ttft for r in ok if r.ttft is not None]),
         "e2e_p50_ms": ms(percentile(e2es, 50)),
         "e2e_p99_ms": ms(percentile(e2es, 99)),

@@ -115,6 +115,13 @@ class EventSettings(_Strict):
     # long: an engine that never reports a block (its tokens differ from the router's) is
     # not believed to hold it for longer.
     speculative_s: float = Field(default=10.0, gt=0)
+    # A lower KV tier's hit (an engine with CPU offloading: vLLM's OffloadingConnector,
+    # LMCache) costs loading its blocks, in prefill tokens a token (index/tiers.py); a medium
+    # not listed is not counted as a hit ({}: GPU only). CPU: 1/22, the largest TTFT
+    # speed-up of a CPU hit over recomputing the prompt published for vLLM's offloading
+    # connector (H100, "2-22x faster time-to-first-token": blog.vllm.ai/2026/01/08/
+    # kv-offloading-connector.html): a load costs at least that share of the prefill.
+    tier_costs: dict[str, float] = Field(default_factory=lambda: {"CPU": 1 / 22})
 
 
 class HealthSettings(_Strict):

@@ -113,6 +113,21 @@ def main(argv: list[str] | None = None) -> None:
         default=float(os.environ.get("VLLM_MAX_AUDIO_CLIP_FILESIZE_MB", "25")),
         help="largest audio upload (vLLM's VLLM_MAX_AUDIO_CLIP_FILESIZE_MB)",
     )
+    p.add_argument(
+        "--kv-offloading-tokens",
+        type=int,
+        default=0,
+        help="a CPU tier of this many tokens behind the GPU cache (vLLM's CPU offloading): "
+        "GPU evictions move there, with KV events for both media; 0: none",
+    )
+    p.add_argument(
+        "--sliding-window",
+        type=int,
+        default=0,
+        help="run a hybrid model: a second KV-cache group with a sliding window of this many "
+        "tokens (KV events of group_idx 1), in a pool of --sliding-window-capacity tokens",
+    )
+    p.add_argument("--sliding-window-capacity", type=int, default=0)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
@@ -160,6 +175,9 @@ def main(argv: list[str] | None = None) -> None:
             sequences=sequences,
             preemption=preemption,
             events=events,
+            cpu_offload_tokens=args.kv_offloading_tokens,
+            window_tokens=args.sliding_window,
+            window_capacity_tokens=args.sliding_window_capacity,
         )
         app = build_app(
             model=args.model,

@@ -11,6 +11,12 @@ recompute (`"recompute"`): the newest running request loses its blocks (they sta
 unreferenced, so LRU may evict them) and goes back to the head of the queue, to be prefilled
 again over its prompt and what it had generated. With a KV-event publisher, every block that
 enters the cache, every eviction and every reset is published once a step (kvevents.py).
+With a CPU tier (`cpu_offload_tokens`: vLLM's CPU offloading), a block the GPU evicts moves
+there; a request's blocks after its GPU hit that the CPU tier holds are loaded back, at the
+profile's load time a token in the step that admits it, instead of prefilled. With a sliding
+window (`window_tokens`: a hybrid model), a second KV-cache group caches the same blocks in a
+pool of its own, with events of group_idx 1, and a hit needs its blocks of the window before
+the hit point too (vLLM's rule for sliding-window groups).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .kvcache import PrefixCache
+from .kvcache import CpuTier, PrefixCache
 from .profiles import Profile, step_time
 from .sequences import ByteSequences, LoRA, TokenSequences, extra_keys
 from .tokenizer import BYTES_PER_TOKEN, count_tokens
@@ -45,6 +51,7 @@ class Request:
     total_blocks: int = 0
     cached_tokens: int = 0
     prefill_left: int = 0
+    load_left: int = 0  # tokens to load from the CPU tier before its prefill goes on
     generated: int = 0
     preemptions: int = 0
     arrived: float = 0.0
@@ -62,6 +69,7 @@ class Counters:
     requests: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    cpu_cached_tokens: int = 0  # of cached_tokens, those loaded from the CPU tier
     generation_tokens: int = 0
     preemptions: int = 0
     # Steps that only decoded, and their wall time in all: the engine's own step rhythm, which
@@ -94,6 +102,9 @@ class Engine:
         sequences: ByteSequences | TokenSequences | None = None,
         preemption: str = "off",
         events: KVEventPublisher | None = None,
+        cpu_offload_tokens: int = 0,
+        window_tokens: int = 0,
+        window_capacity_tokens: int = 0,
     ) -> None:
         if preemption not in PREEMPTION:
             raise ValueError(f"preemption must be one of {PREEMPTION}")
@@ -109,6 +120,18 @@ class Engine:
         self.cache = PrefixCache(kv_capacity_tokens, block_size)
         if events is not None:
             self.cache.on_evict = events.removed
+        # a hybrid model's sliding-window KV-cache group (group 1), in a pool of its own
+        self.window_tokens = window_tokens
+        self.window: PrefixCache | None = None
+        if window_tokens > 0:
+            self.window = PrefixCache(window_capacity_tokens or kv_capacity_tokens, block_size)
+            if events is not None:
+                self.window.on_evict = lambda h: events.removed(h, group_idx=1)
+        if cpu_offload_tokens > 0:
+            cpu = self.cache.cpu = CpuTier(cpu_offload_tokens, block_size)
+            if events is not None:
+                cpu.on_store = events.offloaded
+                cpu.on_evict = events.offload_evicted
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.counters = Counters()
@@ -130,6 +153,8 @@ class Engine:
         self.counters = Counters()
         if not self.running and not self.waiting:
             self._clear_cache()
+            if self.cache.cpu is not None:
+                self.cache.cpu.clear()
             self._flush()
 
     def reset_prefix_cache(self) -> int:
@@ -147,6 +172,8 @@ class Engine:
 
     def _clear_cache(self) -> None:
         self.cache.clear()
+        if self.window is not None:
+            self.window.clear()
         if self.events is not None:
             self.events.cleared()
 
@@ -190,9 +217,11 @@ class Engine:
         self._flush()
 
     # -- the cache, with events ------------------------------------------------------------
-    def _stored(self, r: Request, hashes: list[int], new: list[int]) -> None:
+    def _stored(self, r: Request, hashes: list[int], new: list[int], group: int = 0) -> None:
         """Publish the blocks at indices `new` of `hashes` (r's chain) as stored: one
-        BlockStored for each run of consecutive blocks, as vLLM stores a run at a time."""
+        BlockStored for each run of consecutive blocks, as vLLM stores a run at a time; for
+        each KV-cache group (1: the sliding-window one)."""
+        window = {"group_idx": 1, "kind": "sliding_window", "window": self.window_tokens}
         ev = self.events
         i = 0
         while i < len(new):
@@ -207,6 +236,7 @@ class Engine:
                 lora_id=r.lora.id if r.lora else None,
                 lora_name=r.lora.name if r.lora else None,
                 extra_keys=extra_keys(r, first, last),
+                **(window if group else {}),
             )
             i = j + 1
 
@@ -218,20 +248,33 @@ class Engine:
         resumed = r.preemptions > 0
         seq_tokens = r.prompt_tokens + r.generated
         hit = self.cache.match(r.hashes, seq_tokens)
+        if self.window is not None:
+            hit = self._window_hit(r.hashes, hit)
+        # the blocks after the GPU hit that the CPU tier holds are loaded, not computed (as
+        # vLLM's offloading connector looks up from where the GPU hit ends)
+        cpu = self.cache.cpu
+        loaded = cpu.run(r.hashes, hit, seq_tokens, self.block_size) if cpu is not None else 0
         new: list[int] | None = [] if self.events is not None else None
         self.cache.allocate(r.hashes, r.total_blocks, new)
         if new:
             self._stored(r, r.hashes, new)
-        r.prefill_left = seq_tokens - hit * self.block_size
+        if self.window is not None:
+            new = [] if self.events is not None else None
+            self.window.allocate(r.hashes, r.total_blocks, new)
+            if new:
+                self._stored(r, r.hashes, new, group=1)
+        r.prefill_left = seq_tokens - (hit + loaded) * self.block_size
+        r.load_left = loaded * self.block_size
         r.admitted = True
         self.running.append(r)
         if resumed:
             return  # usage and prefix-cache figures count a request's first admission only
-        r.cached_tokens = hit * self.block_size
+        r.cached_tokens = (hit + loaded) * self.block_size
         c = self.counters
         c.requests += 1
         c.prompt_tokens += r.prompt_tokens
         c.cached_tokens += r.cached_tokens
+        c.cpu_cached_tokens += loaded * self.block_size
 
     def _release(self, r: Request, cache_output: bool) -> None:
         final = self.seqs.final_hashes(r) if cache_output and r.generated else None
@@ -239,6 +282,23 @@ class Engine:
         self.cache.release(r.hashes, r.total_blocks, final, new)
         if new:
             self._stored(r, final, new)
+        if self.window is not None:
+            new = [] if self.events is not None and final else None
+            self.window.release(r.hashes, r.total_blocks, final, new)
+            if new:
+                self._stored(r, final, new, group=1)
+
+    def _window_hit(self, hashes: list[int], hit: int) -> int:
+        """vLLM's hit for a hybrid model: the longest n <= the full-attention hit for which the
+        sliding-window group holds the blocks of the window before n, ceil((W - 1) / B) of
+        them (SlidingWindowManager.find_longest_cache_hit)."""
+        window = self.window
+        assert window is not None
+        tail = max(1, -(-(self.window_tokens - 1) // self.block_size))
+        for n in range(hit, 0, -1):
+            if all(window.holds(hashes[i]) for i in range(max(0, n - tail), n)):
+                return n
+        return 0
 
     def _preempt(self, r: Request) -> None:
         """vLLM v1's preemption by recompute: free the blocks (what was computed stays cached,
@@ -322,8 +382,13 @@ class Engine:
                     decoding.append(r)
                     context += r.prompt_tokens + r.generated
             prefill_tokens = p.max_batched_tokens - budget
+            # what admitted requests load from the CPU tier holds up the step it is loaded in
+            loading = 0
+            for r in self.running:
+                loading += r.load_left
+                r.load_left = 0
             began = time.perf_counter()
-            modelled = step_time(p, prefill_tokens, context, self.time_scale)
+            modelled = step_time(p, prefill_tokens, context, self.time_scale, loading)
             await asyncio.sleep(modelled)
             now = time.perf_counter()
             if not prefill_now:

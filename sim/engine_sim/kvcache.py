@@ -9,7 +9,8 @@ over the ids and the block's extra keys, as vLLM hashes parent, tokens and extra
 Blocks in use by running requests are reference-counted and never evicted. Unreferenced cached
 blocks sit in an LRU list and are evicted oldest first; when a request ends its blocks are
 released tail first, so a chain's last blocks are evicted before its first ones. The cache
-reports evictions to `on_evict` (for KV events) and, on request, which blocks were new.
+reports evictions to `on_evict` (for KV events) and, on request, which blocks were new. With a
+CPU tier (CpuTier: CPU offloading), an evicted block moves there.
 """
 
 from __future__ import annotations
@@ -72,6 +73,53 @@ class TokenBlockHasher:
         return out
 
 
+class CpuTier:
+    """A larger LRU behind the GPU cache, as vLLM's CPU offloading keeps one: a block the GPU
+    evicts moves here (`on_store`), the least recently used leaves when it is full
+    (`on_evict`); a request's blocks that follow its GPU hit here are loaded back rather than
+    recomputed (engine.py charges the load). A reset of the GPU cache leaves it as it is."""
+
+    def __init__(self, capacity_tokens: int, block_size: int) -> None:
+        self.capacity_blocks = capacity_tokens // block_size
+        self._lru: OrderedDict[int, None] = OrderedDict()
+        self.on_store: Callable[[int], None] | None = None
+        self.on_evict: Callable[[int], None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def put(self, h: int) -> None:
+        lru = self._lru
+        if h in lru:
+            lru.move_to_end(h)
+            return
+        lru[h] = None
+        if self.on_store is not None:
+            self.on_store(h)
+        while len(lru) > self.capacity_blocks:
+            old, _ = lru.popitem(last=False)
+            if self.on_evict is not None:
+                self.on_evict(old)
+
+    def run(self, hashes: list[int], start: int, prompt_tokens: int, block_size: int) -> int:
+        """Blocks of `hashes` from `start` on held here without a gap, capped as a GPU match
+        is (at least one prompt token computed); they count as used."""
+        cap = (prompt_tokens - 1) // block_size
+        lru = self._lru
+        n = start
+        while n < min(cap, len(hashes)) and hashes[n] in lru:
+            lru.move_to_end(hashes[n])
+            n += 1
+        return n - start
+
+    def clear(self) -> None:
+        """Everything dropped, each as an eviction."""
+        while self._lru:
+            h, _ = self._lru.popitem(last=False)
+            if self.on_evict is not None:
+                self.on_evict(h)
+
+
 class PrefixCache:
     def __init__(self, capacity_tokens: int, block_size: int = 16) -> None:
         if capacity_tokens < block_size:
@@ -82,6 +130,7 @@ class PrefixCache:
         self._free: OrderedDict[int, None] = OrderedDict()  # unreferenced cached blocks, LRU first
         self._private = 0  # blocks held by running requests that are not (yet) cached
         self.on_evict: Callable[[int], None] | None = None
+        self.cpu: CpuTier | None = None  # where evicted blocks go, with CPU offloading
 
     # -- queries ----------------------------------------------------------------------------
     def used_blocks(self) -> int:
@@ -93,6 +142,9 @@ class PrefixCache:
 
     def cached_blocks(self) -> int:
         return len(self._ref)
+
+    def holds(self, h: int) -> bool:
+        return h in self._ref
 
     def match(self, hashes: list[int], prompt_tokens: int) -> int:
         """Leading blocks of `hashes` in the cache, capped so at least one token is computed."""
@@ -123,9 +175,12 @@ class PrefixCache:
         free = self._free
         ref = self._ref
         evicted = self.on_evict
+        cpu = self.cpu
         while self.used_blocks() + need > self.capacity_blocks and free:
             h, _ = free.popitem(last=False)
             del ref[h]
+            if cpu is not None:
+                cpu.put(h)  # offloaded before the GPU copy goes, as its events say
             if evicted is not None:
                 evicted(h)
 

@@ -35,6 +35,7 @@ log = logging.getLogger("engine_sim.kvevents")
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 ENCODINGS = ("array", "map")
 MEDIUM_GPU = "GPU"
+MEDIUM_CPU = "CPU"
 
 
 class _ArrayEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
@@ -214,7 +215,8 @@ class KVEventPublisher:
                 self._replay, config.replay_endpoint, always_bind=True
             )
         self._task = None
-        self.published = 0
+        self.published = 0  # batches
+        self.published_events = 0
         self.replays = 0
 
     # -- events, made by the cache model --------------------------------------------------
@@ -232,6 +234,9 @@ class KVEventPublisher:
         lora_id: int | None = None,
         lora_name: str | None = None,
         extra_keys: list[tuple[Any, ...] | None] | None = None,
+        group_idx: int = 0,
+        kind: str = "full_attention",
+        window: int | None = None,
     ) -> None:
         ext = self.external
         self._pending.append(
@@ -244,14 +249,31 @@ class KVEventPublisher:
                 medium=MEDIUM_GPU,
                 lora_name=lora_name,
                 extra_keys=extra_keys if extra_keys is not None else [None] * len(hashes),
-                group_idx=0,
-                kv_cache_spec_kind="full_attention",
+                group_idx=group_idx,
+                kv_cache_spec_kind=kind,
+                kv_cache_spec_sliding_window=window,
             )
         )
 
-    def removed(self, h: int) -> None:
+    def offloaded(self, h: int) -> None:
+        """A block stored in the CPU tier, as vLLM's OffloadingConnector reports it by default
+        (kv_connector/v1/offloading/events.py: a placeholder, the block's hash and no tokens,
+        block_size 0): a consumer places it by the hash of a GPU block it knows."""
+        self._pending.append(
+            self._stored(
+                block_hashes=[self.external(h)], parent_block_hash=None, token_ids=[],
+                block_size=0, lora_id=None, medium=MEDIUM_CPU, lora_name=None, group_idx=0,
+            )
+        )
+
+    def removed(self, h: int, medium: str = MEDIUM_GPU, group_idx: int = 0) -> None:
         # vLLM sends one BlockRemoved per evicted block
-        self._pending.append(self._removed(block_hashes=[self.external(h)], medium=MEDIUM_GPU))
+        self._pending.append(
+            self._removed(block_hashes=[self.external(h)], medium=medium, group_idx=group_idx)
+        )
+
+    def offload_evicted(self, h: int) -> None:
+        self.removed(h, MEDIUM_CPU)
 
     def cleared(self) -> None:
         self._pending.append(self._cleared())
@@ -269,6 +291,7 @@ class KVEventPublisher:
         self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
         self._buffer.append((seq, payload))
         self.published += 1
+        self.published_events += len(events)
 
     def start(self) -> None:
         if self._replay is not None:

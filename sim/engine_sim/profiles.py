@@ -52,10 +52,17 @@ Sources (figures quoted as published):
 - default_kv_capacity_tokens 450,000 (used when --kv-capacity-tokens is not given with this
   profile): 320 GB [H100] x 0.9 [VLLM] - 141 GB weights = 147 GB / 327,680 bytes = 449k
   tokens; activations and CUDA graphs take a few GB of that in practice.
+- cpu_load_per_token_s 1.6 us (a CPU-tier hit, with CPU offloading): each of the 4 GPUs
+  loads its quarter of a token's 327,680 KV bytes [CFG] over PCIe Gen5 x16, 64 GB/s a
+  direction ([H100]: 128 GB/s both ways), at an assumed 80% => 1.6 us, 1/49 of a prefill
+  token. vLLM's offloading-connector post
+  (https://blog.vllm.ai/2026/01/08/kv-offloading-connector.html) reports CPU hits 2-22x
+  faster in TTFT than recomputing, its whole request included.
 `fast`: not calibrated; small so tests run quickly while each effect stays visible: a 2 ms step
 (60 decode steps of a stream take over 50 ms, which tests use to tell streaming from
 buffering), 2 us a prefill token (an 8,192-token miss costs 16 ms more than a hit), no KV-read
-term, 200k tokens of KV. `zero`: no simulated time at all (router overhead runs).
+term, 200k tokens of KV, a CPU-tier token loaded in 0.1 us (1/20 of its prefill). `zero`: no
+simulated time at all (router overhead runs).
 """
 
 from __future__ import annotations
@@ -71,6 +78,7 @@ class Profile:
     kv_read_per_token_s: float
     max_batched_tokens: int
     default_kv_capacity_tokens: int
+    cpu_load_per_token_s: float = 0.0  # loading a token's KV from the CPU tier
 
 
 PROFILES: dict[str, Profile] = {
@@ -81,6 +89,7 @@ PROFILES: dict[str, Profile] = {
         kv_read_per_token_s=0.035e-6,
         max_batched_tokens=8192,
         default_kv_capacity_tokens=450_000,
+        cpu_load_per_token_s=1.6e-6,
     ),
     "fast": Profile(
         name="fast",
@@ -89,6 +98,7 @@ PROFILES: dict[str, Profile] = {
         kv_read_per_token_s=0.0,
         max_batched_tokens=8192,
         default_kv_capacity_tokens=200_000,
+        cpu_load_per_token_s=0.1e-6,
     ),
     "zero": Profile(
         name="zero",
@@ -101,9 +111,12 @@ PROFILES: dict[str, Profile] = {
 }
 
 
-def step_time(p: Profile, prefill_tokens: int, context_tokens: int, time_scale: float) -> float:
+def step_time(
+    p: Profile, prefill_tokens: int, context_tokens: int, time_scale: float, load_tokens: int = 0
+) -> float:
     return (
         p.step_base_s
         + p.prefill_per_token_s * prefill_tokens
         + p.kv_read_per_token_s * context_tokens
+        + p.cpu_load_per_token_s * load_tokens
     ) * time_scale

@@ -507,6 +507,7 @@ async def stats(request: web.Request) -> web.Response:
             "requests": c.requests,
             "prompt_tokens": c.prompt_tokens,
             "cached_tokens": c.cached_tokens,
+            "cpu_cached_tokens": c.cpu_cached_tokens,
             "generation_tokens": c.generation_tokens,
             "running": len(e.running),
             "waiting": len(e.waiting),
@@ -522,6 +523,7 @@ async def stats(request: web.Request) -> web.Response:
                 "replay_endpoint": e.events.replay_endpoint,
                 "encoding": e.events.encoding,
                 "published": e.events.published,
+                "published_events": e.events.published_events,
             },
         }
     )

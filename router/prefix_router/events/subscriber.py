@@ -30,6 +30,17 @@ _END = b"\xff" * 8  # the replay's end marker: sequence -1
 _SLICE = 64  # replayed batches applied between two chances for requests to run
 
 
+def _sequence(frame: bytes) -> tuple[int, bytes | None] | None:
+    """A data message's sequence frame: 8 bytes, unsigned big-endian; with vLLM's snapshot
+    service on (PR #57789, first revision), 24: the sequence, then the publisher's 16-byte
+    lifetime id, which changes when the engine restarts. None: not a sequence frame."""
+    if len(frame) == 8:
+        return int.from_bytes(frame, "big"), None
+    if len(frame) == 24:
+        return int.from_bytes(frame[:8], "big"), frame[8:]
+    return None
+
+
 def endpoints(backend: str, s: EventSettings) -> tuple[str, str | None]:
     """(events endpoint, replay endpoint or None) of the engine serving at `backend`."""
     given = s.endpoints.get(backend)
@@ -120,10 +131,11 @@ class EventSubscriber:
             await self._join(stream)
             while True:
                 frames = await sub.recv_multipart()
-                if len(frames) != 3 or len(frames[1]) != 8:
+                got = _sequence(frames[1]) if len(frames) == 3 else None
+                if got is None:
                     self.errors += 1
                     continue
-                await self._take(stream, int.from_bytes(frames[1], "big"), frames[2])
+                await self._take(stream, got[0], frames[2], got[1])
         finally:
             sub.close(linger=0)
 
@@ -135,9 +147,11 @@ class EventSubscriber:
         await self._apply_all(stream.feed, got or ())
         stream.replayed = dict(got or ())
 
-    async def _take(self, stream: _Stream, seq: int, payload: bytes) -> None:
+    async def _take(
+        self, stream: _Stream, seq: int, payload: bytes, publisher: bytes | None = None
+    ) -> None:
         feed = stream.feed
-        state = feed.expects(seq)
+        state = feed.expects(seq, publisher)
         if stream.replayed:
             if stream.replayed.get(seq) == payload:
                 return  # already applied from the replay
@@ -155,7 +169,7 @@ class EventSubscriber:
                             feed.backend, start, seq - 1)  # fmt: skip
                 self._reset(feed)
             await self._apply_all(feed, missed or ())
-        self._apply(feed, seq, payload)
+        self._apply(feed, seq, payload, publisher)
 
     async def _apply_all(self, feed: EngineFeed, batches: Sequence[tuple[int, bytes]]) -> None:
         """Replayed batches, in order, letting requests through every `_SLICE` of them: a
@@ -166,7 +180,9 @@ class EventSubscriber:
             if i % _SLICE == _SLICE - 1:
                 await asyncio.sleep(0)
 
-    def _apply(self, feed: EngineFeed, seq: int, payload: bytes) -> None:
+    def _apply(
+        self, feed: EngineFeed, seq: int, payload: bytes, publisher: bytes | None = None
+    ) -> None:
         try:
             batch = decode_batch(payload)
         except WireError as exc:
@@ -174,7 +190,11 @@ class EventSubscriber:
             log.warning("%s: a KV-event batch that does not decode (%s)", feed.backend, exc)
             feed.last_seq = seq
             return
-        feed.apply(seq, batch)
+        ident = publisher or batch.publisher
+        if ident is not None and feed.publisher is not None and ident != feed.publisher:
+            log.info("%s: a new publisher id: the engine restarted", feed.backend)
+            self._reset(feed)
+        feed.apply(seq, batch, ident)
 
     def _reset(self, feed: EngineFeed) -> None:
         self.resets += 1
@@ -202,7 +222,10 @@ class EventSubscriber:
                     seq_b, payload = frames[-2], frames[-1]
                     if seq_b == _END and not payload:
                         break
-                    seq = int.from_bytes(seq_b, "big")
+                    got_seq = _sequence(seq_b)
+                    if got_seq is None:
+                        continue
+                    seq = got_seq[0]
                     if seq < before:
                         got.append((seq, payload))
         except TimeoutError:

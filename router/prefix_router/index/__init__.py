@@ -14,7 +14,7 @@ lookup answers, per backend, how many leading blocks it holds.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 
@@ -46,6 +46,14 @@ class PrefixIndex(Protocol):
     def correct(self, model: str, backend: str, predicted: int, held: int) -> bool:
         """The engine reported holding `held` of the `predicted` leading blocks. True when
         this index takes that as evidence (index/learning.py)."""
+        ...
+
+    def lower_tiers(
+        self, model: str, hashes: Sequence[int], matched: Mapping[str, int],
+        backends: Sequence[str],
+    ) -> dict[str, float]:
+        """Per backend, the prefill its lower KV tiers (CPU, disk) save after its `matched`
+        blocks, in GPU-hit blocks (index/tiers.py); empty where the index knows no tiers."""
         ...
 
     def occupancy(self, model: str, backend: str) -> float:

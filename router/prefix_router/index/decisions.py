@@ -8,7 +8,7 @@ engine reports as evidence of what it really holds (learning.py); `approx` ignor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from . import Ownership
@@ -69,6 +69,12 @@ class DecisionIndex:
             return False
         self.table.learn(model, backend, predicted, held)
         return True
+
+    def lower_tiers(
+        self, model: str, hashes: Sequence[int], matched: Mapping[str, int],
+        backends: Sequence[str],
+    ) -> dict[str, float]:
+        return {}  # the router's own decisions say nothing of an engine's lower tiers
 
     def occupancy(self, model: str, backend: str) -> float:
         return self.table.occupancy(model, backend)

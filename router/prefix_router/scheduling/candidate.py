@@ -14,6 +14,8 @@ class Candidate:
     in_flight: float = 0.0  # requests in flight there, from every source the router knows of
     pending_prefill: float = 0.0  # prompt tokens dispatched there whose prefill has not ended
     matched_blocks: int = 0  # leading blocks of this request's prefix the index says it holds
+    # prefill its lower KV tiers (CPU) save after those, in blocks, at their load cost
+    tier_blocks: float = 0.0
     occupancy: float = 0.0  # share of its KV capacity the index thinks is in use (0..1)
     tail_age: float = math.inf  # seconds since its coldest cached block was used, if full
     score: float = 0.0  # the scorers' sum, in prefill tokens (higher is better)

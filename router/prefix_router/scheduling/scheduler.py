@@ -103,8 +103,10 @@ class Scheduler:
         """Fill each candidate's match and cache state; the request as scored."""
         index = self._index
         best = 0
+        lower = index.lower_tiers(model, hashes, matches, [c.name for c in cands])
         for c in cands:
             m = c.matched_blocks = matches.get(c.name, 0)
+            c.tier_blocks = lower.get(c.name, 0.0)
             best = max(best, m)
             c.occupancy = index.occupancy(model, c.name)
             c.tail_age = index.tail_age(model, c.name)

@@ -46,3 +46,14 @@ def test_one_shared_prompt_gets_no_monopoly() -> None:
         if sum(in_flight.values()) > 40:  # requests complete, load stays ~40 in flight
             in_flight[max(names, key=in_flight.__getitem__)] -= 1
     assert len(owners) >= 4
+
+
+def test_a_lower_tier_hit_scores_its_prefill_less_its_load() -> None:
+    # "a" holds 2 blocks on GPU; "b" none on GPU but 10 in CPU, each saving 1 - cost of a
+    # block (index/tiers.py): its 10 x (1 - 1/22) blocks beat a's 2
+    cands = [Candidate("a", matched_blocks=2), Candidate("b", tier_blocks=10 * (1 - 1 / 22))]
+    assert PrefixMatch(SIZING)(cands, Ask(1, 10, 2)) == [32, 16 * 10 * (1 - 1 / 22)]
+    only_cpu = [Candidate("a"), Candidate("b", tier_blocks=3.0)]
+    assert PrefixMatch(SIZING)(only_cpu, Ask(1, 10, 0)) == [0, 48]  # no GPU hit anywhere
+    d = choose(only_cpu)
+    assert d.backend == "b"

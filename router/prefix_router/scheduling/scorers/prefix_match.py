@@ -1,4 +1,5 @@
-"""Prefix match: the prefill a backend need not compute because it holds the prefix."""
+"""Prefix match: the prefill a backend need not compute because it holds the prefix (in its
+GPU cache; in a lower tier, such as CPU, less the load: index/tiers.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ class PrefixMatch:
     sizing: Sizing  # a block's engine tokens, as learned
 
     def __call__(self, cands: Sequence[Candidate], ask: Ask) -> list[float] | None:
-        if not ask.best_match:
+        if not ask.best_match and not any(c.tier_blocks for c in cands):
             return None
         b = self.sizing.block_tokens
-        return [c.matched_blocks * b for c in cands]
+        return [(c.matched_blocks + c.tier_blocks) * b for c in cands]
