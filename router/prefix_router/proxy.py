@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 
 from aiohttp import web
 
@@ -58,20 +59,54 @@ class _Retry(Exception):
 
 def upstream_headers(request: web.Request) -> dict[str, str]:
     """The client's headers less the hop-by-hop ones (those named in its Connection header
-    too), with the client's address appended to X-Forwarded-For."""
+    too), with the forwarding headers by one rule (docs/router-http.md): the lists, Forwarded
+    and X-Forwarded-For, keep every hop the client sent and get the router's peer appended
+    (only the last entry is the router's word); the single values, X-Real-IP,
+    X-Forwarded-Host and X-Forwarded-Proto, are the router's own, whatever the client sent."""
     h = request.headers
     drop = _DROP_REQUEST
     named = h.get("Connection")
     if named:
         drop = drop | {n.strip().lower() for n in named.split(",")}
-    out = {k: v for k, v in h.items() if k.lower() not in drop and k.lower() != "x-forwarded-for"}
-    # several X-Forwarded-For fields are one list (RFC 9110, 5.3): all of it, then the client
-    # (named in Connection it is hop-by-hop: dropped like the others, then ours starts anew)
-    given = () if "x-forwarded-for" in drop else h.getall("X-Forwarded-For", ())
-    chain = [*given, *([request.remote] if request.remote else [])]
-    if chain:
-        out["X-Forwarded-For"] = ", ".join(chain)
+    out = {k: v for k, v in h.items() if k.lower() not in drop and k.lower() not in _FORWARDING}
+    peer = request.remote
+    # several fields of one list header are one list (RFC 9110, 5.3): all of it, then the
+    # peer (named in Connection it is hop-by-hop: dropped like the others, ours starts anew)
+    for name, ours in (("X-Forwarded-For", peer), ("Forwarded", _forwarded_element(request))):
+        given = () if name.lower() in drop else h.getall(name, ())
+        chain = [*given, *([ours] if ours else [])]
+        if chain:
+            out[name] = ", ".join(chain)
+    if peer:
+        out["X-Real-IP"] = peer
+    if "Host" in h:  # HTTP/1.0 may send none; aiohttp's request.host would look one up
+        out["X-Forwarded-Host"] = h["Host"]
+    out["X-Forwarded-Proto"] = request.scheme
     return out
+
+
+_FORWARDING = frozenset(
+    ("forwarded", "x-forwarded-for", "x-real-ip", "x-forwarded-host", "x-forwarded-proto")
+)
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+def _forwarded_element(request: web.Request) -> str:
+    """This hop as RFC 7239 writes it: for= the peer, host= the Host it asked for, proto=."""
+    pairs: list[tuple[str, str]] = []
+    if request.remote:
+        # an IPv6 address is written in brackets, and quoted (RFC 7239, 6)
+        pairs.append(("for", f"[{request.remote}]" if ":" in request.remote else request.remote))
+    if "Host" in request.headers:
+        pairs.append(("host", request.headers["Host"]))
+    pairs.append(("proto", request.scheme))
+    return ";".join(f"{k}={_quoted(v)}" for k, v in pairs)
+
+
+def _quoted(value: str) -> str:
+    if _TOKEN.fullmatch(value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 class _Forward:

@@ -133,6 +133,34 @@ async def test_hop_by_hop_headers_stop_here_and_forwarded_for_grows(router, engi
     assert got["x-forwarded-for"] == "127.0.0.1"
 
 
+async def test_the_forwarding_headers_follow_one_rule(router, engine) -> None:
+    # Forwarded, X-Real-IP, X-Forwarded-Host and -Proto went to the engine as the client wrote
+    # them (a client could pose as any address or host) while X-Forwarded-For was appended to.
+    _url, seen = engine
+    client = await router()
+    async with client.post("/v1/chat/completions", json=chat(), headers=[
+        ("Forwarded", "for=198.18.0.7"), ("Forwarded", 'for="[2001:db8::1]";proto=https'),
+        ("X-Real-IP", "198.18.0.9"), ("X-Forwarded-Host", "api.example"),
+        ("X-Forwarded-Proto", "https"), ("X-Forwarded-For", "198.18.0.7")]) as r:  # fmt: skip
+        assert r.status == 200
+    got = seen[-1]["headers"]
+    here = f"127.0.0.1:{client.port}"
+    # the lists: every hop the client named, then the router's peer (one field each)
+    assert got.getall("Forwarded") == [
+        f'for=198.18.0.7, for="[2001:db8::1]";proto=https, for=127.0.0.1;host="{here}";proto=http'
+    ]
+    assert got.getall("X-Forwarded-For") == ["198.18.0.7, 127.0.0.1"]
+    # the single values: the router's own
+    assert got.getall("X-Real-IP") == ["127.0.0.1"]
+    assert got.getall("X-Forwarded-Host") == [here]
+    assert got.getall("X-Forwarded-Proto") == ["http"]
+    # named in Connection, the client's Forwarded is hop-by-hop: the router's starts anew
+    async with client.post("/v1/chat/completions", json=chat(), headers={
+        "Connection": "Forwarded", "Forwarded": "for=198.18.0.7"}) as r:  # fmt: skip
+        assert r.status == 200
+    assert seen[-1]["headers"].getall("Forwarded") == [f'for=127.0.0.1;host="{here}";proto=http']
+
+
 async def test_the_error_contract(router) -> None:
     client = await router()
     async with client.post(
