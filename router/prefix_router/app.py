@@ -172,6 +172,7 @@ def build_app(settings: RouterSettings, discovery: Discovery | None = None) -> w
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         upstream = app[UPSTREAM] = make_upstream(settings)
         backends.on_gone(upstream.forget)
+        backends.on_hung(upstream.abort)  # what waits on a hung engine goes to another
         # health probes and scrapes: off the forwarding path, with their own timeouts
         probes = aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
         await the_store.start()

@@ -128,6 +128,10 @@ class HealthSettings(_Strict):
     # minimum time an ejected backend stays out before a successful probe re-admits it
     readmit_after_s: float = Field(default=5.0, ge=0)
     metrics_poll_interval_s: float = Field(default=1.0, gt=0)
+    # An engine whose progress counters (tokens, steps on its /metrics) stand still this long
+    # while this router has requests waiting there is hung: ejected at once, and the requests
+    # waiting there go to another engine (progress.py). vLLM moves them every engine step.
+    stall_after_s: float = Field(default=10.0, gt=0)
 
 
 class RouterSettings(_Strict):

@@ -32,6 +32,7 @@ from .upstream import (
     UpstreamConnectError,
     UpstreamConnectTimeout,
     UpstreamError,
+    UpstreamHung,
     UpstreamResponse,
     UpstreamTimeout,
 )
@@ -134,14 +135,14 @@ class _Forward:
             for backend in (d.backend, *d.order):
                 if tried >= sched.settings.max_attempts:
                     break
-                b = sched.backends.get(backend)
-                if b is None or not b.healthy:
+                if not sched.backends.takes(backend):
                     continue
                 if tried:
                     sched.metrics.retries.inc()
                 tried += 1
                 try:
-                    with Attempt(sched, self.route, backend) as attempt:
+                    with sched.backends.trying(backend), \
+                            Attempt(sched, self.route, backend) as attempt:
                         try:
                             return await self.attempt(attempt)
                         except asyncio.CancelledError:
@@ -261,6 +262,8 @@ def _unanswered(a: Attempt, exc: UpstreamError | UpstreamTimeout) -> Exception:
     dead one), but the request is not sent again."""
     if isinstance(exc, UpstreamConnectError | UpstreamConnectTimeout):
         return _retry(a, "connect_error", exc)
+    if isinstance(exc, UpstreamHung):  # cut by the router: the engine will not answer it
+        return _retry(a, "hung", exc)
     if isinstance(exc, UpstreamError):
         return _retry(a, "read_error", exc)
     a.failed("timeout", f"timeout: {exc}")

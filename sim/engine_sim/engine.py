@@ -110,6 +110,10 @@ class Engine:
         self.running: list[Request] = []
         self.counters = Counters()
         self._wake = asyncio.Event()
+        # A fault: while cleared the engine takes requests and steps no more (its /health and
+        # /metrics still answer), as a wedged GPU worker behind a live API server looks.
+        self.moving = asyncio.Event()
+        self.moving.set()
         self._task: asyncio.Task[None] | None = None
         self._on_first_token = on_first_token
         self._on_finish = on_finish
@@ -167,7 +171,8 @@ class Engine:
         # added one at a time as the sequence grows, as vLLM allocates them (not up front).
         r.total_blocks = -(-(r.prompt_tokens + 1) // self.block_size)
         r.arrived = time.perf_counter()
-        if self.profile.step_base_s == 0 and self.profile.prefill_per_token_s == 0:
+        instant = self.profile.step_base_s == 0 and self.profile.prefill_per_token_s == 0
+        if instant and self.moving.is_set():
             self._run_instantly(r)
             self._flush()
         else:
@@ -292,6 +297,7 @@ class Engine:
             while not self.running and not self.waiting:
                 self._wake.clear()
                 await self._wake.wait()
+            await self.moving.wait()
             # admission: FIFO head only
             while self.waiting and len(self.running) < self.max_num_seqs:
                 head = self.waiting[0]
