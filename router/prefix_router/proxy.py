@@ -3,7 +3,8 @@
 A request is sent to the next candidate only while no engine can have answered it: it never
 reached one (refused, no connection in time, closed before any byte) or one said 502/503.
 One the engine took and did not answer within `upstream_timeout_s` is a 504, not sent again
-(the engine may still be working on it).
+(the engine may still be working on it); one cut because its engine hangs (its progress
+counters stood still while requests waited there: progress.py) goes to the next candidate.
 
 Streams: the status line and headers go to the client as soon as an engine answers 200,
 before its first token, as the engine sends them, so the client's own work on them overlaps
