@@ -68,6 +68,10 @@ class Counters:
     # what a router reads from the streams (its steps.py) is checked against.
     decode_steps: int = 0
     decode_step_seconds: float = 0.0
+    # Every step and the tokens it computed (vLLM's vllm:iteration_tokens_total): a long
+    # chunked prefill moves them while no token comes out yet.
+    steps: int = 0
+    step_tokens: int = 0
     # Seconds from arrival to first token of each request since the last reset (for the
     # benchmark: the engine's own TTFT beside the client's; bounded, oldest kept).
     ttfts: list[float] = field(default_factory=list)
@@ -328,6 +332,8 @@ class Engine:
             began = time.perf_counter()
             await asyncio.sleep(step_time(p, prefill_tokens, context, self.time_scale))
             now = time.perf_counter()
+            self.counters.steps += 1
+            self.counters.step_tokens += prefill_tokens + len(decoding)
             if not prefill_now:
                 self.counters.decode_steps += 1
                 self.counters.decode_step_seconds += now - began

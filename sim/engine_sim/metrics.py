@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 _TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
@@ -91,9 +91,16 @@ class _Generated(Collector):
         self._model = model
         self._engine = engine
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
+    def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
+        counters = self._engine.counters
         c = CounterMetricFamily(
             "vllm:generation_tokens", "Generation tokens", labels=["model_name"]
         )
-        c.add_metric([self._model], self._engine.counters.generation_tokens)
+        c.add_metric([self._model], counters.generation_tokens)
         yield c
+        # one bucket: the steps and their tokens are what is read of it
+        h = HistogramMetricFamily(
+            "vllm:iteration_tokens_total", "Tokens per engine step", labels=["model_name"]
+        )
+        h.add_metric([self._model], [("+Inf", counters.steps)], counters.step_tokens)
+        yield h
