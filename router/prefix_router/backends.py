@@ -124,10 +124,15 @@ class BackendSet:
         b = self._by_url.get(url)
         if b is not None and b.healthy:
             b.request_failures = 0
-            if b.probation:
-                b.probation = b.trial = False
-                self._refresh()
-                log.info("backend answered after its re-admission: off probation: %s", url)
+            self.answered(url)
+
+    def answered(self, url: str) -> None:
+        """It answers (a stream's first token will do): its probation ends."""
+        b = self._by_url.get(url)
+        if b is not None and b.healthy and b.probation:
+            b.probation = b.trial = False
+            self._refresh()
+            log.info("backend answered after its re-admission: off probation: %s", url)
 
     def report_failure(self, url: str, why: str, probe: bool = False) -> bool:
         """Count a failure of a request (or, `probe`, of a health probe); returns True when

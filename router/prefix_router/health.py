@@ -172,6 +172,7 @@ class HealthLoop:
             # the healthy ones, and any other this router still waits on (ejected, on trial)
             urls = [b.url for b in self._backends.all()
                     if b.healthy or self._load.own_inflight(b.url)]  # fmt: skip
+            self._stalls.keep(set(urls))
             await asyncio.gather(*(self._scrape(u) for u in urls))
             await asyncio.sleep(self._s.metrics_poll_interval_s)
 

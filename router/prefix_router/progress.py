@@ -54,5 +54,7 @@ class StallWatch:
             seen.since = now  # said once per window, not at every scrape after
         return still
 
-    def forget(self, url: str) -> None:
-        self._seen.pop(url, None)
+    def keep(self, urls: set[str]) -> None:
+        """Only these backends are watched (the others left)."""
+        for url in self._seen.keys() - urls:
+            del self._seen[url]

@@ -214,6 +214,7 @@ class _Forward:
         if not first:
             raise _retry(a, "read_error", "the upstream closed the stream before any data")
         a.first_byte(streamed=True)
+        self.sched.backends.answered(a.backend)  # a stream on probation need not end first
         sniff = bytearray(first)
         try:
             await resp.write(first)

@@ -41,6 +41,14 @@ def test_a_readmitted_backend_takes_one_request_at_a_time_until_it_answers() -> 
         assert {b.url for b in s.healthy()} == {A, B} and s.takes(A)
 
 
+def test_a_streams_first_token_ends_the_probation() -> None:
+    s, _ = ejected_and_readmitted()
+    with s.trying(A):
+        s.answered(A)
+        assert {b.url for b in s.healthy()} == {A, B}  # the rest of the stream is no trial
+    assert s.report_failure(A, "stream cut") is False  # and one failure no longer ejects
+
+
 def test_one_failure_on_probation_ejects_again() -> None:
     s, _ = ejected_and_readmitted()
     with s.trying(A):

@@ -19,6 +19,9 @@ def test_standing_still_counts_only_while_requests_wait() -> None:
     assert w.observe(U, 101.0, in_flight=2, now=70.0) == 10.0  # hung: said once
     assert w.observe(U, 101.0, in_flight=2, now=71.0) == 1.0  # then a new window
     assert w.observe(U, None, in_flight=2, now=90.0) == 0.0  # no counters: no verdict
+    assert w.observe(U, 5.0, in_flight=2, now=91.0) == 0.0
+    w.keep(set())  # it left: its clock goes with it
+    assert w.observe(U, 5.0, in_flight=2, now=95.0) == 0.0
 
 
 def test_engine_figures_reads_the_queue_and_the_progress_counters() -> None:
