@@ -35,7 +35,8 @@ SIM = {"model": MODEL, "kv_capacity": 2_000_000, "profile": "fast", "time_scale"
 ROUTER: dict[str, Any] = {
     "keepalive_timeout_s": 5.0, "body_timeout_s": 8.0, "first_token_budget_s": 2.0,
     "upstream_timeout_s": 10.0, "index_memory_mb": 32.0, "shutdown_timeout_s": 10.0,
-    "log_level": "debug", "health": {"probe_interval_s": 0.5, "readmit_after_s": 2.0}}
+    "log_level": "debug", "health": {"probe_interval_s": 0.5, "readmit_after_s": 2.0,
+                                     "stall_after_s": 2.0}}
 PARALLEL = {"body size": 6, "prompt over max_model_len": 6, "many connections": 200}
 
 
