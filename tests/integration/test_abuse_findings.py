@@ -2,7 +2,8 @@
 fix (bench/results/abuse/FINDINGS.md says how each was found): the router as `prefix-router`
 runs it (app.serve), in this process, over an HTTP server that answers like an engine and
 keeps what reached it. Not here: aiohttp's own answer to a request its parser refuses names
-its version in `Server` (no public hook changes that answer)."""
+its version in `Server` (no public hook changes that answer: docs/router-http.md; the bench
+counts it apart, tests/bench/test_abuse.py)."""
 
 from __future__ import annotations
 
