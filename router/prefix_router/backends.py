@@ -100,7 +100,8 @@ class BackendSet:
 
     def takes(self, url: str) -> bool:
         b = self._by_url.get(url)
-        return b is not None and b.healthy and (not b.trial or b in self._healthy)
+        return b is not None and b.healthy and (
+            not b.trial or any(x is b for x in self._healthy))
 
     @contextmanager
     def trying(self, url: str) -> Iterator[None]:
