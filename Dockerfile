@@ -46,6 +46,6 @@ ENV PYTHONUNBUFFERED=1 \
     HOME=/tmp
 USER 10001:10001
 # The router's port; the operator's health port is 8081, the adapter's HTTPS port 6443.
-EXPOSE 8080
+EXPOSE 8080 9090
 ENTRYPOINT ["tini", "--"]
 CMD ["prefix-router"]

@@ -164,7 +164,8 @@ async def _run(s: Settings, cp: Any, log_dir: Path) -> dict[str, Any]:
         backends.write_text(sims[0] + "\n")
         routers = [(await fleet.start(f"router{i}", [
             sys.executable, "-m", "prefix_router", "--config", str(log_dir / "router.yaml"),
-            "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+            "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(free_port()),
+            "--log-level", "warning",
             "--discovery", "file", "--backends-file", str(backends)], port, "/readyz")).url
             for i, port in enumerate(free_port() for _ in range(s.routers))]
         # Load once the HPA acts (scale subresource known, metric served): timings are the loop's.

@@ -132,9 +132,9 @@ async def added(sim: str, router: str, rate: float, seconds: float,
             "first_errors": routed.first_errors or max_fail.first_errors}
 
 
-async def fill_table(router: str, entries: int, clients: int = 16) -> int:
+async def fill_table(router: str, metrics: str, entries: int, clients: int = 16) -> int:
     """Unique 2,048-token prompts through `router` until its table holds `entries` (block,
-    backend) entries, as its /metrics counts them; returns that count."""
+    backend) entries, as its /metrics page (`metrics`) counts them; returns that count."""
     rng, out, gate = random.Random(7), Sample(), asyncio.Semaphore(clients)
 
     async def one(s: aiohttp.ClientSession) -> None:
@@ -144,11 +144,11 @@ async def fill_table(router: str, entries: int, clients: int = 16) -> int:
                 {"model": MODEL, "prompt": prompt, "max_tokens": 1}).encode())
 
     async with _session() as s:
-        have = await engines.table_entries(s, router)
+        have = await engines.table_entries(s, metrics)
         while have < entries:
             need = min((entries - have) // RSS_PROMPT_BLOCKS + 1, 2_000)
             await asyncio.gather(*(one(s) for _ in range(need)))
-            last, have = have, await engines.table_entries(s, router)
+            last, have = have, await engines.table_entries(s, metrics)
             if out.errors or have <= last:
                 raise RuntimeError(f"the table did not fill: {out.first_errors}, {have} entries")
             print(f"    table entries {have:,}", flush=True)
@@ -178,7 +178,8 @@ async def measure(sc: Scenario, fleet: Fleet, sims: list[str], run: Run, log_dir
             own = await start_setup(fleet, sc, s, [sim], RSS_CAPACITY_TOKENS, log_dir)
             await open_loop(own.targets[0], 100.0, 1.0)  # its pools, as a serving router's
             figs["rss_mb_empty_table"] = memory_of(own.routers[0].process.pid)["rss_mb"]
-            figs["table_entries"] = await fill_table(own.targets[0], RSS_ENTRIES)
+            figs["table_entries"] = await fill_table(own.targets[0], own.routers[0].metrics,
+                                                 RSS_ENTRIES)
             figs["rss_mb_1m_entries"] = memory_of(own.routers[0].process.pid)["rss_mb"]
         return [figs]
     finally:

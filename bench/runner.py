@@ -269,7 +269,7 @@ async def measure(sc: Scenario, fleet: Fleet, sims: list[str], run: Run, *, wl: 
                                     log_dir, backends_file)
         clean = await engines.settle(sims, engine_stats(sc))
         routers = started.routers if started.ours else []
-        urls = [p.url for p in routers]
+        urls = [p.metrics for p in routers]
         redis_url = f"redis://127.0.0.1:{started.redis_port}/0" if started.redis else None
         r0, calls0 = await engines.router_figures(urls), await engines.redis_calls(redis_url)
         cpu0, load = sum(cpu_seconds(p.process.pid) for p in routers), os.getloadavg()[0]

@@ -35,7 +35,8 @@ SIM = {"model": MODEL, "kv_capacity": 2_000_000, "profile": "fast", "time_scale"
 ROUTER: dict[str, Any] = {
     "keepalive_timeout_s": 5.0, "body_timeout_s": 8.0, "first_token_budget_s": 2.0,
     "upstream_timeout_s": 10.0, "index_memory_mb": 32.0, "shutdown_timeout_s": 10.0,
-    "log_level": "debug", "health": {"probe_interval_s": 0.5, "readmit_after_s": 2.0}}
+    "log_level": "debug", "health": {"probe_interval_s": 0.5, "readmit_after_s": 2.0,
+                                     "stall_after_s": 2.0}}
 PARALLEL = {"body size": 6, "prompt over max_model_len": 6, "many connections": 200}
 
 
@@ -180,6 +181,7 @@ async def run_round(store: str, log_dir: Path) -> dict[str, Any]:
         started = now_utc()
         sims = [await fleet.start_sim(f"sim{i}", **SIM) for i in range(SIMS)]
         ports, cfg, port = [free_port() for _ in sims], log_dir / "router.yaml", free_port()
+        metrics = f"http://127.0.0.1:{free_port()}/metrics"
         taps = [f"http://127.0.0.1:{p}" for p in ports]
         pairs = [f"{p}={sim.url}" for p, sim in zip(ports, sims, strict=True)]
         await fleet.start("tap", [sys.executable, "-m", "bench.abuse.tap", *pairs], ports[-1],
@@ -188,8 +190,9 @@ async def run_round(store: str, log_dir: Path) -> dict[str, Any]:
         if redis_url := await fleet.start_redis() if store == "redis" else None:
             settings.update(store={"mode": "redis", "url": redis_url}, model_key="abuse")
         cfg.write_text(yaml.safe_dump(settings))
-        router = await fleet.start("router", [sys.executable, "-m", "prefix_router", "--config",
-                                              str(cfg), "--port", str(port)], port, "/readyz")
+        router = await fleet.start("router", [
+            sys.executable, "-m", "prefix_router", "--config", str(cfg), "--port", str(port),
+            "--metrics-port", metrics.split(":")[-1].split("/")[0]], port, "/readyz")
         await wait_for(lambda: ready(s, router.url, "healthy_backends", SIMS), "engines ready")
         private = [u.split("//")[1] for u in taps + [sim.url for sim in sims]]
         canary_at = f"127.0.0.1:{canary.sockets[0].getsockname()[1]}"
@@ -206,7 +209,7 @@ async def run_round(store: str, log_dir: Path) -> dict[str, Any]:
         outcomes += await slow
         stop.set()
         healthz = await watching
-        entries = sample_sum(await get(s, router.url + "/metrics"), "prefix_router_table_entries")
+        entries = sample_sum(await get(s, metrics), "prefix_router_table_entries")
         fault, results = await faults(fleet, s, router.url, taps, marker, redis_url)
         after = figures(router.process.pid)
         records = [json.loads(await get(s, t + "/_tap/records")) for t in taps]

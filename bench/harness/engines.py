@@ -48,12 +48,13 @@ async def settle(urls: list[str], stats: Stats = fetch_stats, timeout: float = 6
 
 async def router_figures(urls: list[str]) -> dict[str, Any]:
     """Our routers' samples (`counters`, keyed as /metrics writes them: name{labels}) and their
-    routing decisions by reason, summed over router replicas ({} without: an anchor)."""
+    routing decisions by reason, summed over router replicas ({} without: an anchor). `urls`:
+    their /metrics pages."""
     decisions: dict[str, float] = {}
     counters: dict[str, float] = {}
     async with aiohttp.ClientSession() as s:
         for u in urls:
-            async with s.get(u + "/metrics") as r:
+            async with s.get(u) as r:
                 text = await r.text() if r.status == 200 else ""
             for line in text.splitlines():
                 if not line or line.startswith("#"):
@@ -66,8 +67,9 @@ async def router_figures(urls: list[str]) -> dict[str, Any]:
     return {"decisions": decisions, "counters": counters}
 
 
-async def table_entries(session: aiohttp.ClientSession, router: str) -> int:
-    async with session.get(router + "/metrics") as r:
+async def table_entries(session: aiohttp.ClientSession, metrics: str) -> int:
+    """The (block, backend) entries in a router's index, from its /metrics page `metrics`."""
+    async with session.get(metrics) as r:
         return int(sample_sum(await r.text(), "prefix_router_table_entries"))
 
 

@@ -48,6 +48,8 @@ class Proc:
     # a simulator's KV events "tcp://127.0.0.1:P,tcp://127.0.0.1:R" (publisher, replay), as
     # the router's `events.endpoints` takes them
     events: str = ""
+    # a router's /metrics page (on a port of its own)
+    metrics: str = ""
 
 
 @dataclass
@@ -106,11 +108,14 @@ class Fleet:
     async def start_router(self, name: str, backends: list[str], *, policy: str,
                            kv_capacity: int, extra: list[str] | None = None,
                            env: dict[str, str] | None = None) -> Proc:
-        port = free_port()
+        port, metrics = free_port(), free_port()
         args = [sys.executable, "-m", "prefix_router", "--host", "127.0.0.1", "--port", str(port),
+                "--metrics-port", str(metrics),
                 "--policy", policy, "--kv-capacity-tokens", str(kv_capacity),
                 "--backend", ",".join(backends), "--log-level", "warning", *(extra or [])]
-        return await self.start(name, args, port, "/readyz", env=env)
+        p = await self.start(name, args, port, "/readyz", env=env)
+        p.metrics = f"http://127.0.0.1:{metrics}/metrics"
+        return p
 
     async def start_redis(self, name: str = "redis", port: int | None = None) -> str:
         """A throw-away redis-server (no persistence) in `procs` as `name`; returns its URL."""

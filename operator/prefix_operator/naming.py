@@ -16,6 +16,8 @@ ROUTER = "router"
 CACHE_STORE = "cache-store"
 
 ROUTER_PORT = 8080
+# The routers' /metrics, apart from their API: its series name every engine's address.
+ROUTER_METRICS_PORT = 9090
 REDIS_PORT = 6379
 
 

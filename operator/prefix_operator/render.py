@@ -27,6 +27,7 @@ from .naming import (
     MODEL_SERVER,
     REDIS_PORT,
     ROUTER,
+    ROUTER_METRICS_PORT,
     ROUTER_PORT,
     labels,
     model_server_name,
@@ -296,6 +297,7 @@ def router_settings(model: Model) -> RouterSettings:
         "events": {"port": KV_EVENTS_PORT, "replay_port": KV_REPLAY_PORT},
         "host": "0.0.0.0",
         "port": ROUTER_PORT,
+        "metrics_port": ROUTER_METRICS_PORT,
         "models": [spec.model.name],
         "policy": "prefix",
         "model_key": model.key,
@@ -366,7 +368,8 @@ def router_deployment(model: Model, cfg: OperatorConfig) -> Body:
         "image": r.image or cfg.router_image,
         "command": ["prefix-router"],
         "args": ["--config", f"{ROUTER_CONFIG_DIR}/{ROUTER_CONFIG_FILE}"],
-        "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
+        "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"},
+                  {"name": "metrics", "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"}],
         "resources": {"requests": {"cpu": r.cpu, "memory": r.memory},
                       "limits": {"memory": r.memory}},
         "livenessProbe": _probe("/healthz", "http", period=10, failures=3, timeout=2),
@@ -403,7 +406,10 @@ def router_service(model: Model, cfg: OperatorConfig) -> Body:
     return {"spec": {
         "type": "ClusterIP",
         "selector": selector_labels(model, ROUTER),
-        "ports": [{"name": "http", "port": ROUTER_PORT, "targetPort": "http", "protocol": "TCP"}],
+        # `metrics` for Prometheus (the chart's ServiceMonitor); expose only `http` to clients
+        "ports": [{"name": "http", "port": ROUTER_PORT, "targetPort": "http", "protocol": "TCP"},
+                  {"name": "metrics", "port": ROUTER_METRICS_PORT, "targetPort": "metrics",
+                   "protocol": "TCP"}],
     }}
 
 

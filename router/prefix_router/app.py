@@ -199,6 +199,7 @@ def build_app(settings: RouterSettings, discovery: Discovery | None = None) -> w
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         upstream = app[UPSTREAM] = make_upstream(settings)
         backends.on_gone(upstream.forget)
+        backends.on_hung(upstream.abort)  # what waits on a hung engine goes to another
         # health probes and scrapes: off the forwarding path, with their own timeouts
         probes = aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
         await core.start()
@@ -259,11 +260,13 @@ async def serve(
     settings: RouterSettings,
     stop: asyncio.Event,
     ready: Callable[[int], None] | None = None,
+    metrics_ready: Callable[[int], None] | None = None,
 ) -> None:
     """Serve until `stop` is set, then drain: readiness fails at once (the pod leaves its
     Service's endpoints), the listener keeps serving for `drain_grace_s` (clients that have
     not heard yet are still served), then closes, and requests in flight get up to
-    `shutdown_timeout_s` to finish. `ready` gets the bound port (useful with port 0)."""
+    `shutdown_timeout_s` to finish. `ready` gets the bound port (useful with port 0), after
+    `metrics_ready` the bound metrics port (when /metrics has a port of its own)."""
     app = build_app(settings)
     # handler_cancellation: a client that disconnects cancels its handler, and so its upstream
     runner = web.AppRunner(
@@ -284,6 +287,10 @@ async def serve(
         side = web.AppRunner(metrics_app(app), access_log=None)
         await side.setup()
         await web.TCPSite(side, settings.host, settings.metrics_port).start()
+        bound = side.addresses[0][1] if side.addresses else settings.metrics_port
+        log.info("/metrics on %s:%d", settings.host, bound)
+        if metrics_ready:
+            metrics_ready(bound)
     port = runner.addresses[0][1] if runner.addresses else settings.port
     log.info(
         "prefix-router listening on %s:%d policy=%s backends=%d",

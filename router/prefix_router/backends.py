@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 log = logging.getLogger("prefix_router.backends")
@@ -19,6 +20,10 @@ class Backend:
     models: frozenset[str] = field(default_factory=frozenset)
     max_model_len: int | None = None  # as its /v1/models says (vLLM's model cards do)
     request_failures: int = 0  # in a row; a successful probe does not reset them
+    # Re-admitted and not yet through a real request: one at a time (the trial), and the
+    # first failure ejects it again. Probes pass on an engine that hangs every request.
+    probation: bool = False
+    trial: bool = False
 
 
 class BackendSet:
@@ -27,8 +32,11 @@ class BackendSet:
     A backend is ejected once its probe failures in a row and its request failures in a row
     reach `eject_after` together (a successful probe ends only the probes' run, a served
     request only the requests'), and is re-admitted by a successful probe once
-    `readmit_after` seconds have passed. Listeners hear
-    of every backend that stops taking traffic (left or ejected), so its table entries go.
+    `readmit_after` seconds have passed, on probation: it takes one request at a time until
+    it answers one, and its first failure ejects it again. One that made no progress while
+    requests waited on it (report_hung) is ejected at once. Listeners hear of every backend
+    that stops taking traffic (left or ejected), so its table entries go, and of every hung
+    one (on_hung), so the requests waiting there are cut and go to another.
     """
 
     def __init__(
@@ -44,6 +52,11 @@ class BackendSet:
         self._healthy: list[Backend] = []
         self._on_gone: list[Callable[[str], None]] = []
         self._on_join: list[Callable[[str], None]] = []
+        self._on_hung: list[Callable[[str, str], None]] = []
+
+    def on_hung(self, fn: Callable[[str, str], None]) -> None:
+        """`fn(url, why)`: the backend hangs; nothing in flight there will be answered."""
+        self._on_hung.append(fn)
 
     def on_gone(self, fn: Callable[[str], None]) -> None:
         self._on_gone.append(fn)
@@ -52,7 +65,10 @@ class BackendSet:
         self._on_join.append(fn)
 
     def _refresh(self) -> None:
-        self._healthy = [b for b in self._by_url.values() if b.healthy]
+        healthy = [b for b in self._by_url.values() if b.healthy]
+        # a backend on trial takes no more until its trial ends, unless it is all there is
+        free = [b for b in healthy if not b.trial]
+        self._healthy = free or healthy
 
     def set_members(self, urls: Iterable[str]) -> None:
         wanted = {u.rstrip("/") for u in urls}
@@ -79,13 +95,45 @@ class BackendSet:
         return list(self._by_url.values())
 
     def healthy(self) -> list[Backend]:
+        """The backends that may take a request now."""
         return self._healthy
 
+    def takes(self, url: str) -> bool:
+        b = self._by_url.get(url)
+        return b is not None and b.healthy and (
+            not b.trial or any(x is b for x in self._healthy))
+
+    @contextmanager
+    def trying(self, url: str) -> Iterator[None]:
+        """A request sent to `url` within the block: a backend on probation takes no other
+        until it ends (served, failed or abandoned)."""
+        b = self._by_url.get(url)
+        trial = b is not None and b.probation and not b.trial
+        if trial:
+            assert b is not None
+            b.trial = True
+            self._refresh()
+        try:
+            yield
+        finally:
+            if trial and b is not None and b.trial:
+                b.trial = False
+                self._refresh()
+
     def report_success(self, url: str) -> None:
-        """A request it served: its run of request failures ends."""
+        """A request it served: its run of request failures ends, and its probation."""
         b = self._by_url.get(url)
         if b is not None and b.healthy:
             b.request_failures = 0
+            self.answered(url)
+
+    def answered(self, url: str) -> None:
+        """It answers (a stream's first token will do): its probation ends."""
+        b = self._by_url.get(url)
+        if b is not None and b.healthy and b.probation:
+            b.probation = b.trial = False
+            self._refresh()
+            log.info("backend answered after its re-admission: off probation: %s", url)
 
     def report_failure(self, url: str, why: str, probe: bool = False) -> bool:
         """Count a failure of a request (or, `probe`, of a health probe); returns True when
@@ -98,16 +146,31 @@ class BackendSet:
             b.failures += 1
         else:
             b.request_failures += 1
-        if b.failures + b.request_failures < self._eject_after:
+        if b.failures + b.request_failures < self._eject_after and not b.probation:
             return False
+        self._eject(b, f"after {b.failures} probe and {b.request_failures} request failures "
+                       f"in a row{' on probation' if b.probation else ''}", why)  # fmt: skip
+        return True
+
+    def report_hung(self, url: str, why: str) -> None:
+        """It made no progress while requests waited on it: out at once (however its probes
+        fare), and the listeners cut what waits there."""
+        b = self._by_url.get(url)
+        if b is None:
+            return
+        if b.healthy:
+            self._eject(b, "as hung", why)
+        for fn in self._on_hung:
+            fn(url, why)
+
+    def _eject(self, b: Backend, how: str, why: str) -> None:
         b.healthy = False
+        b.probation = b.trial = False
         b.ejected_at = self._clock()
         self._refresh()
-        log.warning("backend ejected after %d probe and %d request failures in a row: %s (%s)",
-                    b.failures, b.request_failures, url, why)  # fmt: skip
+        log.warning("backend ejected %s: %s (%s)", how, b.url, why)
         for fn in self._on_gone:
-            fn(url)
-        return True
+            fn(b.url)
 
     def probe_result(self, url: str, ok: bool, why: str = "") -> None:
         b = self._by_url.get(url)
@@ -122,11 +185,12 @@ class BackendSet:
         assert b.ejected_at is not None
         if self._clock() - b.ejected_at >= self._readmit_after:
             b.healthy = True
+            b.probation = True
             b.failures = 0
             b.request_failures = 0
             b.ejected_at = None
             self._refresh()
-            log.info("backend re-admitted: %s", url)
+            log.info("backend re-admitted on probation: %s", url)
             for fn in self._on_join:
                 fn(url)
 

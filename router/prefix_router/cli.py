@@ -29,6 +29,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--host")
     p.add_argument("--port", type=int)
+    p.add_argument("--metrics-port", type=int, dest="metrics_port",
+                   help="port of /metrics (default 9090; 0: any free port)")
     p.add_argument("--backend", action="append", dest="discovery.backends", metavar="URL",
                    help="a backend base URL (repeatable); comma-separated lists are accepted")
     p.add_argument("--policy", choices=POLICIES)

@@ -17,6 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 # ordered-dict node (bench/results/overhead: 1,000,000 entries took 188 MB).
 INDEX_ENTRY_BYTES = 200
 
+# Prometheus' own default port; the operator's router pods name it `metrics`.
+METRICS_PORT = 9090
+
 PolicyName = Literal["prefix", "round-robin", "random", "least-loaded", "chwbl"]
 POLICIES: tuple[str, ...] = get_args(PolicyName)
 
@@ -135,6 +138,10 @@ class HealthSettings(_Strict):
     # minimum time an ejected backend stays out before a successful probe re-admits it
     readmit_after_s: float = Field(default=5.0, ge=0)
     metrics_poll_interval_s: float = Field(default=1.0, gt=0)
+    # An engine whose progress counters (tokens, steps on its /metrics) stand still this long
+    # while this router has requests waiting there is hung: ejected at once, and the requests
+    # waiting there go to another engine (progress.py). vLLM moves them every engine step.
+    stall_after_s: float = Field(default=10.0, gt=0)
 
 
 class RouterSettings(_Strict):
@@ -212,8 +219,10 @@ class RouterSettings(_Strict):
     # Routing details for clients: x-routed-to and x-route-reason headers, engine addresses
     # in error messages. Off: a tenant must not learn that someone else sent a prefix.
     expose_routing: bool = False
-    # Serve /metrics on this port only (not on the API port) when set.
-    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    # /metrics on a port of its own: its series name every engine's URL, which a client of
+    # the API must not learn. null: on the API port (where no client reaches that port);
+    # 0: any free port, as for a router whose `port` is 0 when this is not given.
+    metrics_port: int | None = Field(default=METRICS_PORT, ge=0, le=65535)
     # A connection that completes no request in this long (a silent client, headers sent a
     # byte at a time, an idle keep-alive) is closed; a body must arrive within body_timeout_s.
     keepalive_timeout_s: float = Field(default=15.0, gt=0)
@@ -240,6 +249,16 @@ class RouterSettings(_Strict):
     store: StoreSettings = Field(default_factory=StoreSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
     events: EventSettings = Field(default_factory=EventSettings)
+
+    @model_validator(mode="after")
+    def _free_port_free_metrics(self) -> RouterSettings:
+        # a router on any free port (tests, several on one host) must not take a fixed one
+        if self.port == 0 and "metrics_port" not in self.model_fields_set:
+            self.metrics_port = 0
+        if self.metrics_port == self.port != 0:
+            raise ValueError(f"metrics_port {self.metrics_port} is the API port: another, or "
+                             "null for /metrics on the API port")
+        return self
 
     @model_validator(mode="after")
     def _events_need_tokens(self) -> RouterSettings:

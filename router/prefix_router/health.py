@@ -13,6 +13,7 @@ from .config import HealthSettings
 from .index import PrefixIndex
 from .load import LoadTracker
 from .metrics import RouterMetrics
+from .progress import PROGRESS, StallWatch
 
 log = logging.getLogger("prefix_router.health")
 
@@ -21,28 +22,37 @@ _RUNNING = (b"vllm:num_requests_running", b"sglang:num_running_reqs",
             b"llamacpp:requests_processing")  # fmt: skip
 _WAITING = (b"vllm:num_requests_waiting", b"sglang:num_queue_reqs",
             b"llamacpp:requests_deferred")  # fmt: skip
+_QUEUE = _RUNNING + _WAITING
+_SCANNED = _QUEUE + PROGRESS
+_FIRST4 = frozenset(name[:4] for name in _SCANNED)
 
 
-def engine_queue_depth(text: bytes) -> float | None:
-    """running + waiting summed over label sets, from Prometheus text; None if absent.
+def engine_figures(text: bytes) -> tuple[float | None, float | None]:
+    """From Prometheus text: running + waiting summed over label sets, and the sum of the
+    progress counters (progress.py); each None where the page has none of them.
 
-    A line scan rather than prometheus_client's parser: we need two gauges out of a page of
+    A line scan rather than prometheus_client's parser: we need a few series out of a page of
     histograms, once a second per backend, and the full parser costs ~50x more on the loop.
     """
-    total = 0.0
-    found = False
+    depth = progress = 0.0
+    found_depth = found_progress = False
     for line in text.split(b"\n"):
-        if not line or line[0] == 35:  # '#'
+        if line[:4] not in _FIRST4:  # comments, and the engine's other series
             continue
-        for name in _RUNNING + _WAITING:
+        for name in _SCANNED:
             if line.startswith(name) and line[len(name) : len(name) + 1] in (b"{", b" "):
                 try:
-                    total += float(line.rsplit(b" ", 1)[1])
-                    found = True
+                    value = float(line.rsplit(b" ", 1)[1])
                 except (ValueError, IndexError):
-                    pass
+                    break
+                if name in _QUEUE:
+                    depth += value
+                    found_depth = True
+                else:
+                    progress += value
+                    found_progress = True
                 break
-    return total if found else None
+    return (depth if found_depth else None), (progress if found_progress else None)
 
 
 class HealthLoop:
@@ -64,6 +74,8 @@ class HealthLoop:
         self._timeout = aiohttp.ClientTimeout(total=settings.probe_timeout_s)
         self._tasks: list[asyncio.Task[None]] = []
         self._blind: set[str] = set()  # backends whose /metrics give no load: said once
+        self._stalls = StallWatch(settings.stall_after_s)
+        self._unwatched: set[str] = set()  # backends with no progress counters: said once
 
     def start(self) -> None:
         self._tasks = [
@@ -117,17 +129,20 @@ class HealthLoop:
             await asyncio.sleep(self._s.probe_interval_s)
 
     async def _scrape(self, url: str) -> None:
-        depth = None
+        depth = progress = None
         why = ""
+        read = False
         try:
             async with self._session.get(url + "/metrics", timeout=self._timeout) as r:
                 if r.status == 200:
-                    depth = engine_queue_depth(await r.read())
+                    depth, progress = engine_figures(await r.read())
+                    read = True
                     why = "no running/waiting gauges there"
                 else:
                     why = f"status {r.status}"
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             why = repr(exc)
+        self._watch(url, progress, read)
         if depth is not None:
             self._load.engine_report(url, depth)
             self._blind.discard(url)
@@ -138,9 +153,27 @@ class HealthLoop:
             log.warning("no load signal from %s/metrics (%s): counting only requests "
                         "routed through this router", url, why)
 
+    def _watch(self, url: str, progress: float | None, read: bool) -> None:
+        """A hung engine is one whose progress counters stand still while requests wait."""
+        waiting = self._load.own_inflight(url)
+        still = self._stalls.observe(url, progress, waiting, asyncio.get_running_loop().time())
+        if still >= self._s.stall_after_s:
+            self._backends.report_hung(
+                url, f"no progress in {still:.0f}s with {waiting} requests waiting there")
+        if read and progress is None and url not in self._unwatched:
+            self._unwatched.add(url)
+            log.warning("no progress counters on %s/metrics: a hung engine there is caught "
+                        "only by upstream_timeout_s (streams: first_token_budget_s)", url)
+        elif progress is not None:
+            self._unwatched.discard(url)
+
     async def _scrape_loop(self) -> None:
         while True:
-            await asyncio.gather(*(self._scrape(b.url) for b in self._backends.healthy()))
+            # the healthy ones, and any other this router still waits on (ejected, on trial)
+            urls = [b.url for b in self._backends.all()
+                    if b.healthy or self._load.own_inflight(b.url)]  # fmt: skip
+            self._stalls.keep(set(urls))
+            await asyncio.gather(*(self._scrape(u) for u in urls))
             await asyncio.sleep(self._s.metrics_poll_interval_s)
 
     async def _expire_loop(self) -> None:

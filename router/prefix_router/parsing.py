@@ -33,6 +33,12 @@ _PART = b"\xff\x03"
 _FIELD = b"\xfe"
 _TOKENS = b"\xff\x04"
 
+# The deepest a request body may nest (the body itself is level 1). Deep enough for any real
+# tool schema (a JSON Schema nests two levels per object property; OpenAI's strict schemas
+# allow ten objects deep), and far from Python's recursion limit, which the canonical bytes
+# (json.dumps of tools, content parts, tool_calls) and the forwarded body would otherwise hit.
+MAX_DEPTH = 64
+
 
 @dataclass(slots=True)
 class ParsedRequest:
@@ -126,8 +132,10 @@ def parse_request(
                            ) from None  # fmt: skip
     except msgspec.DecodeError as exc:
         raise RequestError(400, f"the request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise RequestError(400, "the request body is nested too deeply") from None
+    except RecursionError:  # deeper than the decoder's own stack allows
+        raise _too_deep() from None
+    if isinstance(body, dict | list) and not _shallow(body, MAX_DEPTH):
+        raise _too_deep()
     try:
         return _parse_body(body, kind, salt_from_header, header_wins)
     except UnicodeEncodeError as exc:
@@ -137,6 +145,31 @@ def parse_request(
             400, f"the request holds a lone surrogate ({exc.object[exc.start]!r}), which is "
             "not valid Unicode text",
         ) from None
+
+
+def _too_deep() -> RequestError:
+    return RequestError(400, f"the request body nests deeper than {MAX_DEPTH} levels")
+
+
+def _shallow(value: dict | list, limit: int) -> bool:
+    """Whether `value` nests at most `limit` levels of arrays and objects: level by level,
+    never recursing, so no depth a client sends can exhaust the stack here."""
+    level: list[dict | list] = [value]
+    for _ in range(limit):
+        below: list[dict | list] = []
+        for node in level:
+            items = node.values() if type(node) is dict else node
+            # a long array of scalars (token ids) is looked over in C
+            if len(items) > 16 and not _CONTAINERS & set(map(type, items)):
+                continue
+            below += [c for c in items if type(c) is dict or type(c) is list]
+        if not below:
+            return True
+        level = below
+    return False
+
+
+_CONTAINERS = frozenset((dict, list))
 
 
 def parse_for_routing(

@@ -111,7 +111,8 @@ class Passthrough:
         self, request: web.Request, method: str, data: bytes | None, backend: str
     ) -> web.StreamResponse:
         """To the one engine that can answer (it holds what the request names)."""
-        resp = await self._try(request, backend, method, data, upstream_headers(request))
+        with self.core.backends.trying(backend):
+            resp = await self._try(request, backend, method, data, upstream_headers(request))
         if isinstance(resp, web.StreamResponse):
             return resp
         raise RequestError(503, f"the engine holding it could not answer ({resp})",
@@ -189,8 +190,11 @@ class Passthrough:
         for backend in least_loaded(core, backends):
             if tried >= s.max_attempts:
                 break
+            if not core.backends.takes(backend):
+                continue  # on probation with a request already there
             tried += 1
-            resp = await self._try(request, backend, method, data, headers)
+            with core.backends.trying(backend):
+                resp = await self._try(request, backend, method, data, headers)
             if isinstance(resp, web.StreamResponse):
                 return resp
             last = resp

@@ -3,7 +3,8 @@
 A request is sent to the next candidate only while no engine can have answered it: it never
 reached one (refused, no connection in time, closed before any byte) or one said 502/503.
 One the engine took and did not answer within `upstream_timeout_s` is a 504, not sent again
-(the engine may still be working on it).
+(the engine may still be working on it); one cut because its engine hangs (its progress
+counters stood still while requests waited there: progress.py) goes to the next candidate.
 
 Streams: the status line and headers go to the client as soon as an engine answers 200,
 before its first token, as the engine sends them, so the client's own work on them overlaps
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 
 from aiohttp import web
 
@@ -30,6 +32,7 @@ from .upstream import (
     UpstreamConnectError,
     UpstreamConnectTimeout,
     UpstreamError,
+    UpstreamHung,
     UpstreamResponse,
     UpstreamTimeout,
 )
@@ -57,20 +60,54 @@ class _Retry(Exception):
 
 def upstream_headers(request: web.Request) -> dict[str, str]:
     """The client's headers less the hop-by-hop ones (those named in its Connection header
-    too), with the client's address appended to X-Forwarded-For."""
+    too), with the forwarding headers by one rule (docs/router-http.md): the lists, Forwarded
+    and X-Forwarded-For, keep every hop the client sent and get the router's peer appended
+    (only the last entry is the router's word); the single values, X-Real-IP,
+    X-Forwarded-Host and X-Forwarded-Proto, are the router's own, whatever the client sent."""
     h = request.headers
     drop = _DROP_REQUEST
     named = h.get("Connection")
     if named:
         drop = drop | {n.strip().lower() for n in named.split(",")}
-    out = {k: v for k, v in h.items() if k.lower() not in drop and k.lower() != "x-forwarded-for"}
-    # several X-Forwarded-For fields are one list (RFC 9110, 5.3): all of it, then the client
-    # (named in Connection it is hop-by-hop: dropped like the others, then ours starts anew)
-    given = () if "x-forwarded-for" in drop else h.getall("X-Forwarded-For", ())
-    chain = [*given, *([request.remote] if request.remote else [])]
-    if chain:
-        out["X-Forwarded-For"] = ", ".join(chain)
+    out = {k: v for k, v in h.items() if k.lower() not in drop and k.lower() not in _FORWARDING}
+    peer = request.remote
+    # several fields of one list header are one list (RFC 9110, 5.3): all of it, then the
+    # peer (named in Connection it is hop-by-hop: dropped like the others, ours starts anew)
+    for name, ours in (("X-Forwarded-For", peer), ("Forwarded", _forwarded_element(request))):
+        given = () if name.lower() in drop else h.getall(name, ())
+        chain = [*given, *([ours] if ours else [])]
+        if chain:
+            out[name] = ", ".join(chain)
+    if peer:
+        out["X-Real-IP"] = peer
+    if "Host" in h:  # HTTP/1.0 may send none; aiohttp's request.host would look one up
+        out["X-Forwarded-Host"] = h["Host"]
+    out["X-Forwarded-Proto"] = request.scheme
     return out
+
+
+_FORWARDING = frozenset(
+    ("forwarded", "x-forwarded-for", "x-real-ip", "x-forwarded-host", "x-forwarded-proto")
+)
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+def _forwarded_element(request: web.Request) -> str:
+    """This hop as RFC 7239 writes it: for= the peer, host= the Host it asked for, proto=."""
+    pairs: list[tuple[str, str]] = []
+    if request.remote:
+        # an IPv6 address is written in brackets, and quoted (RFC 7239, 6)
+        pairs.append(("for", f"[{request.remote}]" if ":" in request.remote else request.remote))
+    if "Host" in request.headers:
+        pairs.append(("host", request.headers["Host"]))
+    pairs.append(("proto", request.scheme))
+    return ";".join(f"{k}={_quoted(v)}" for k, v in pairs)
+
+
+def _quoted(value: str) -> str:
+    if _TOKEN.fullmatch(value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 class _Forward:
@@ -98,14 +135,14 @@ class _Forward:
             for backend in (d.backend, *d.order):
                 if tried >= led.settings.max_attempts:
                     break
-                b = led.backends.get(backend)
-                if b is None or not b.healthy:
+                if not led.backends.takes(backend):
                     continue
                 if tried:
                     led.metrics.retries.inc()
                 tried += 1
                 try:
-                    with Attempt(led, self.route, backend) as attempt:
+                    with led.backends.trying(backend), \
+                            Attempt(led, self.route, backend) as attempt:
                         try:
                             return await self.attempt(attempt)
                         except asyncio.CancelledError:
@@ -180,6 +217,7 @@ class _Forward:
         if not first:
             raise _retry(a, "read_error", "the upstream closed the stream before any data")
         a.first_byte(streamed=True)
+        self.ledger.backends.answered(a.backend)  # a stream on probation need not end first
         sniff = bytearray(first)
         try:
             await resp.write(first)
@@ -233,6 +271,8 @@ def _unanswered(a: Attempt, exc: UpstreamError | UpstreamTimeout) -> Exception:
     dead one), but the request is not sent again."""
     if isinstance(exc, UpstreamConnectError | UpstreamConnectTimeout):
         return _retry(a, "connect_error", exc)
+    if isinstance(exc, UpstreamHung):  # cut by the router: the engine will not answer it
+        return _retry(a, "hung", exc)
     if isinstance(exc, UpstreamError):
         return _retry(a, "read_error", exc)
     a.failed("timeout", f"timeout: {exc}")

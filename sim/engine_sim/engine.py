@@ -79,6 +79,10 @@ class Counters:
     # what the profile asked those steps to take: against the wall time, how far a busy
     # host's event loop lags the model
     decode_step_model_seconds: float = 0.0
+    # Every step and the tokens it computed (vLLM's vllm:iteration_tokens_total): a long
+    # chunked prefill moves them while no token comes out yet.
+    steps: int = 0
+    step_tokens: int = 0
     # Seconds from arrival to first token of each request since the last reset (for the
     # benchmark: the engine's own TTFT beside the client's; bounded, oldest kept).
     ttfts: list[float] = field(default_factory=list)
@@ -136,6 +140,10 @@ class Engine:
         self.running: list[Request] = []
         self.counters = Counters()
         self._wake = asyncio.Event()
+        # A fault: while cleared the engine takes requests and steps no more (its /health and
+        # /metrics still answer), as a wedged GPU worker behind a live API server looks.
+        self.moving = asyncio.Event()
+        self.moving.set()
         self._task: asyncio.Task[None] | None = None
         self._on_first_token = on_first_token
         self._on_finish = on_finish
@@ -197,7 +205,8 @@ class Engine:
         # added one at a time as the sequence grows, as vLLM allocates them (not up front).
         r.total_blocks = -(-(r.prompt_tokens + 1) // self.block_size)
         r.arrived = time.perf_counter()
-        if self.profile.step_base_s == 0 and self.profile.prefill_per_token_s == 0:
+        instant = self.profile.step_base_s == 0 and self.profile.prefill_per_token_s == 0
+        if instant and self.moving.is_set():
             self._run_instantly(r)
             self._flush()
         else:
@@ -355,6 +364,7 @@ class Engine:
             while not self.running and not self.waiting:
                 self._wake.clear()
                 await self._wake.wait()
+            await self.moving.wait()
             # admission: FIFO head only
             while self.waiting and len(self.running) < self.max_num_seqs:
                 head = self.waiting[0]
@@ -391,6 +401,8 @@ class Engine:
             modelled = step_time(p, prefill_tokens, context, self.time_scale, loading)
             await asyncio.sleep(modelled)
             now = time.perf_counter()
+            self.counters.steps += 1
+            self.counters.step_tokens += prefill_tokens + len(decoding)
             if not prefill_now:
                 self.counters.decode_steps += 1
                 self.counters.decode_step_seconds += now - began

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
 
 _TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 _E2E = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
@@ -25,7 +29,9 @@ class EngineMetrics:
         )
         self.hits = Counter("vllm:prefix_cache_hits", "Prefix-cache hit tokens", labels, registry=r)
         self.prompt = Counter("vllm:prompt_tokens", "Prefill tokens processed", labels, registry=r)
-        self.generation = Counter("vllm:generation_tokens", "Generation tokens", labels, registry=r)
+        # counted as each token is made, as vLLM counts them every engine step (a router reads
+        # the engine's progress from it while a long answer is generated)
+        r.register(_Generated(model, engine))
         self.success = Counter(
             "vllm:request_success",
             "Finished requests",
@@ -76,6 +82,25 @@ class EngineMetrics:
         self.ttft.labels(self._m).observe(seconds)
 
     def finished(self, seconds: float, generated: int, reason: str) -> None:
-        self.generation.labels(self._m).inc(generated)
         self.success.labels(self._m, reason).inc()
         self.e2e.labels(self._m).observe(seconds)
+
+
+class _Generated(Collector):
+    def __init__(self, model: str, engine) -> None:  # engine: engine.Engine
+        self._model = model
+        self._engine = engine
+
+    def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
+        counters = self._engine.counters
+        c = CounterMetricFamily(
+            "vllm:generation_tokens", "Generation tokens", labels=["model_name"]
+        )
+        c.add_metric([self._model], counters.generation_tokens)
+        yield c
+        # one bucket: the steps and their tokens are what is read of it
+        h = HistogramMetricFamily(
+            "vllm:iteration_tokens_total", "Tokens per engine step", labels=["model_name"]
+        )
+        h.add_metric([self._model], [("+Inf", counters.steps)], counters.step_tokens)
+        yield h

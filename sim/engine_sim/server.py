@@ -534,6 +534,18 @@ async def reset(request: web.Request) -> web.Response:
     return web.json_response({"reset": True})
 
 
+async def fault(request: web.Request) -> web.Response:
+    """Simulator-only: `{"hang": true}` stops the engine stepping (requests wait, counters stand
+    still, /health and /metrics still answer); `{"hang": false}` lets it go on."""
+    body = await request.json()
+    moving = request.app[ENGINE].moving
+    if body.get("hang") is True:
+        moving.clear()
+    elif body.get("hang") is False:
+        moving.set()
+    return web.json_response({"hang": not moving.is_set()})
+
+
 async def reset_prefix_cache(request: web.Request) -> web.Response:
     # vLLM's endpoint (a dev-mode one there). Running requests are preempted and recomputed,
     # as vLLM does when asked to reset them too; every cached block goes: AllBlocksCleared.
@@ -635,6 +647,7 @@ def build_app(
     app.router.add_post("/reset", reset)
     app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     app.router.add_post("/detokenize", detokenize_handler)
+    app.router.add_post("/fault", fault)
     app.router.add_get("/version", version)
     # Imported here: these modules build on this one's request helpers.
     from . import audio, pooling, responses_api

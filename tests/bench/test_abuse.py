@@ -14,7 +14,7 @@ from aiohttp import web
 
 from bench.abuse import bars, render
 from bench.abuse import cases as C
-from bench.abuse.client import exchange, first_answer, judge
+from bench.abuse.client import KNOWN, exchange, first_answer, judge
 from bench.abuse.run import judge_load, watch
 from bench.harness.fleet import free_port
 
@@ -199,3 +199,55 @@ async def test_healthz_is_probed_from_another_process() -> None:
     # probes went on while this loop was held: they piled up in the pipe meanwhile
     assert got["n"] >= 5 and got["failures"] == 0
     assert got["max_ms"] < 500  # an in-process probe would have measured the held second
+
+
+# What aiohttp's own HTTP parser refuses before any of the router's code runs: the cases
+# docs/router-http.md lists, each as the bench sends it.
+PARSER_REFUSES = {
+    "a request line that is not HTTP/1": b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes(24),
+    "a request target over 8190 bytes": b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+    "a header line over 8190 bytes": b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000
+    + b"\r\n\r\n",
+    "more than 128 headers": b"GET / HTTP/1.1\r\nHost: x\r\n" + b"".join(
+        b"X-%d: 1\r\n" % i for i in range(200)) + b"\r\n",
+    "a bare CR in a value": b"GET / HTTP/1.1\r\nHost: x\r\nX-A: 1\rX-B: 1\r\n\r\n",
+    "Content-Length and Transfer-Encoding": b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+    b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    "two different Content-Lengths": b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+    b"Content-Length: 2\r\nContent-Length: 5\r\n\r\n{}",
+    "a bad chunk size": b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+    "HTTP/1.1 without Host": b"GET /healthz HTTP/1.1\r\n\r\n",
+}
+
+
+async def test_aiohttps_own_answers_are_counted_as_the_known_exception() -> None:
+    # A real router: these requests never reach its code; aiohttp answers them itself, in
+    # text/plain, naming its version (no public hook changes that: docs/router-http.md). The
+    # bench counts them apart instead of as broken contract.
+    from prefix_router.app import serve
+    from prefix_router.config import RouterSettings
+
+    stop = asyncio.Event()
+    bound: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(serve(RouterSettings.model_validate({"port": 0}), stop,
+                                     bound.set_result))
+    try:
+        port = await asyncio.wait_for(bound, 30)
+        for name, raw in PARSER_REFUSES.items():
+            case = C.Case("parser", name, (raw,), ("400",), until="close")
+            o = judge(case, *await exchange(port, case), [])
+            assert (o.status, o.problems, o.notes, o.known) == ("400", [], [], [KNOWN]), name
+        # the router's own 400 is no exception
+        ours = C.Case("parser", "ours", (C.request("POST", "/v1/completions", [
+            ("Host", "x")], b"{"),), ("400",), until="reply")
+        o = judge(ours, *await exchange(port, ours), [])
+        assert (o.status, o.problems, o.known) == ("400", [], [])
+    finally:
+        stop.set()
+        await task
+    counted = copy.deepcopy(ROUND)
+    counted["outcomes"].append({**counted["outcomes"][0], "case": "y", "known": [KNOWN]})
+    assert all(ok for _b, _m, ok, _must in bars(counted))
+    assert [m for b, m, _ok, _must in bars(counted) if b.startswith("the known exception")] == [
+        "y x1"]

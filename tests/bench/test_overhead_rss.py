@@ -13,7 +13,7 @@ async def test_requests_fill_the_router_table_and_its_memory_grows(fleet: Fleet)
     router = await fleet.start_router("router", [sim.url], policy="prefix",
                                       kv_capacity=RSS_CAPACITY_TOKENS)
     empty = memory_of(router.process.pid)
-    entries = await fill_table(router.url, 20_000)
+    entries = await fill_table(router.url, router.metrics, 20_000)
     assert entries >= 20_000
     # the fill stops once the table holds the target: over it by at most one batch's
     # rounding (a prompt's blocks) and the block each answer's next-turn record adds

@@ -2,7 +2,8 @@
 fix (bench/results/abuse/FINDINGS.md says how each was found): the router as `prefix-router`
 runs it (app.serve), in this process, over an HTTP server that answers like an engine and
 keeps what reached it. Not here: aiohttp's own answer to a request its parser refuses names
-its version in `Server` (no public hook changes that answer)."""
+its version in `Server` (no public hook changes that answer: docs/router-http.md; the bench
+counts it apart, tests/bench/test_abuse.py)."""
 
 from __future__ import annotations
 
@@ -150,3 +151,28 @@ async def test_the_connection_closes_once_a_trickled_body_got_its_408(router) ->
     assert answered is not None and closed is not None, (answered, closed)
     # aiohttp's default lingering would hold it 10 s more
     assert closed - answered < 5.0, f"closed {closed - answered:.1f}s after the 408"
+
+
+@pytest.mark.parametrize("depth", [980, 985])
+async def test_a_deeply_nested_chat_body_is_a_400(fleet, engine, depth: int) -> None:
+    # tools, a content part or tool_calls nested 980-985 levels: json.dumps of them (the
+    # canonical bytes) hit Python's recursion limit and the router answered 500. The router
+    # runs as a process of its own: how deep a stack it has left is then the CLI's, not
+    # pytest's (in this process the decoder runs out first, at a lower depth).
+    router = await fleet.start_router("router", [engine[0]], policy="prefix", kv_capacity=1000)
+    deep = b"[" * depth + b"]" * depth
+    bodies = [
+        chat_bytes(b', "tools": ' + deep),
+        b'{"model": "%s", "messages": [{"role": "user", "content": [{"type": "image_url", '
+        b'"image_url": %s}]}]}' % (MODEL.encode(), deep),
+        b'{"model": "%s", "messages": [{"role": "assistant", "tool_calls": %s}]}'
+        % (MODEL.encode(), deep),
+    ]
+    async with aiohttp.ClientSession() as s:
+        for data in bodies:
+            async with s.post(router.url + "/v1/chat/completions", data=data,
+                              headers={"Content-Type": "application/json"}) as r:
+                body = await r.json()
+            assert r.status == 400, body
+            assert body["error"]["type"] == "invalid_request_error"
+    assert b"Traceback" not in router.log_path.read_bytes()

@@ -59,6 +59,7 @@ async def setup(fleet: Fleet, request: pytest.FixtureRequest) -> AsyncIterator[d
             "discovery": {"backends": sims}, "models": [MODEL], "port": 0,
             "index": "events", "tokenizer": str(TINY_TOKENIZER), "expose_routing": True,
             "cached_tokens_reported": True, "events": {"endpoints": ends},
+            "metrics_port": None,  # /metrics on the API port: these tests read both there
         })  # fmt: skip
         stop = asyncio.Event()
         bound: asyncio.Future[int] = asyncio.get_running_loop().create_future()

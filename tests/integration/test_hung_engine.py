@@ -1,6 +1,7 @@
 """An engine that answers its health probes and hangs every request leaves the rotation:
-request failures are not cancelled by probe successes, and a stream without its first token
-within the budget counts as one."""
+request failures are not cancelled by probe successes, a stream without its first token
+within the budget counts as one, and an engine whose progress counters stand still while
+requests wait on it is hung whatever its requests are (simulators hung by their /fault)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from bench.harness.promtext import sample_sum
 from prefix_router.app import serve
 from prefix_router.config import RouterSettings
 
@@ -79,5 +81,106 @@ async def test_a_hung_engine_that_answers_its_probes_is_ejected(hung, fleet, sta
     finally:
         for t in stuck:
             t.cancel()
+        stop.set()
+        await task
+
+
+async def _serve(s: RouterSettings) -> tuple[str, str, asyncio.Event, asyncio.Task[None]]:
+    """The router as `prefix-router` runs it: its URL, its /metrics page, how to stop it."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    bound: asyncio.Future[int] = loop.create_future()
+    metrics: asyncio.Future[int] = loop.create_future()
+    task = asyncio.create_task(serve(s, stop, bound.set_result, metrics.set_result))
+    url = f"http://127.0.0.1:{await asyncio.wait_for(bound, 30)}"
+    return url, f"http://127.0.0.1:{metrics.result()}/metrics", stop, task
+
+
+async def _hang(session: aiohttp.ClientSession, sim: str, hang: bool) -> None:
+    async with session.post(sim + "/fault", json={"hang": hang}) as r:
+        assert (await r.json())["hang"] is hang
+
+
+async def _cut_there(session: aiohttp.ClientSession, metrics: str, backend: str) -> float:
+    """Requests the router cut on `backend` because it hung."""
+    async with session.get(metrics) as r:
+        text = await r.text()
+    return sample_sum(text, "prefix_router_requests_total", backend=backend, outcome="hung")
+
+
+def _settings(backends: list[str], **health: float) -> RouterSettings:
+    return RouterSettings.model_validate({
+        "discovery": {"backends": backends}, "models": [MODEL], "port": 0,
+        "policy": "round-robin", "upstream_timeout_s": 600, "expose_routing": True,
+        "health": {"probe_interval_s": 0.1, "metrics_poll_interval_s": 0.1,
+                   "stall_after_s": 1.0, **health},
+    })  # fmt: skip
+
+
+async def _ask(session: aiohttp.ClientSession, url: str, i: int) -> tuple[int, str]:
+    """A non-streamed request: its first byte is its last, so only the engine's reported
+    progress can tell a hung engine from a busy one."""
+    body = {"model": MODEL, "max_tokens": 4,
+            "messages": [{"role": "user", "content": f"question {i} " * 30}]}  # fmt: skip
+    async with session.post(url + "/v1/chat/completions", json=body) as r:
+        await r.read()
+        return r.status, r.headers.get("x-routed-to", "")
+
+
+async def test_non_streamed_requests_leave_a_hung_engine_in_seconds(fleet, start_sims) -> None:
+    # Probes pass, the engine takes requests and makes no progress: before, only
+    # upstream_timeout_s (here 600 s) ended a non-streamed request there, and it took three
+    # such timeouts to eject the engine.
+    hung, good = await start_sims(fleet, 2)
+    url, _metrics, stop, task = await _serve(_settings([hung, good], readmit_after_s=600))
+    try:
+        async with aiohttp.ClientSession() as session:
+            await _hang(session, hung, True)
+            # round robin: half of them reach the hung engine; all are answered by the other
+            answers = await asyncio.wait_for(
+                asyncio.gather(*(_ask(session, url, i) for i in range(4))), 120)
+            assert answers == [(200, good)] * 4
+            async with session.get(url + "/readyz") as r:
+                assert (await r.json())["healthy_backends"] == 1
+    finally:
+        stop.set()
+        await task
+
+
+async def test_a_readmitted_engine_takes_one_request_until_it_answers(
+    fleet, start_sims
+) -> None:
+    # A hung engine passes its probes, so it is re-admitted `readmit_after_s` later: before,
+    # with its full share of traffic again, every request it took waited to be cut.
+    hung, good = await start_sims(fleet, 2)
+    url, metrics, stop, task = await _serve(_settings([hung, good], readmit_after_s=0.5))
+    try:
+        async with aiohttp.ClientSession() as session:
+
+            async def healthy(n: int) -> None:
+                deadline = asyncio.get_running_loop().time() + 60
+                while True:
+                    async with session.get(url + "/readyz") as r:
+                        if (await r.json())["healthy_backends"] == n:
+                            return
+                    assert asyncio.get_running_loop().time() < deadline, f"never {n} healthy"
+                    await asyncio.sleep(0.02)
+
+            await _hang(session, hung, True)
+            assert await _ask(session, url, 0) == (200, good)
+            assert await _ask(session, url, 1) == (200, good)  # round robin: one was cut there
+            await healthy(2)  # re-admitted, still hung
+            before = await _cut_there(session, metrics, hung)
+            answers = await asyncio.wait_for(
+                asyncio.gather(*(_ask(session, url, 10 + i) for i in range(6))), 120)
+            assert answers == [(200, good)] * 6
+            # on probation it took one of the six, its trial; the others went elsewhere
+            assert await _cut_there(session, metrics, hung) - before == 1
+            await _hang(session, hung, False)
+            await healthy(2)
+            # off probation once it answers: round robin reaches it again
+            got = {await _ask(session, url, 20 + i) for i in range(4)}
+            assert got == {(200, hung), (200, good)}
+    finally:
         stop.set()
         await task

@@ -248,7 +248,7 @@ async def test_stream_retried_into_the_same_response_when_its_engine_dies(
             victim = fleet.procs[sims.index(first)]
             os.killpg(victim.process.pid, signal.SIGKILL)
             events = await _stream_events(r)
-        async with s.get(router.url + "/metrics") as m:
+        async with s.get(router.metrics) as m:
             assert "prefix_router_retries_total 1.0" in await m.text()
     assert events[-1] == b"[DONE]"
     objs = [json.loads(e) for e in events[:-1]]
@@ -439,7 +439,7 @@ async def test_metrics_and_probes(fleet: Fleet, start_sims):
     async with aiohttp.ClientSession() as s:
         await post(s, router.url, "/v1/chat/completions", chat("one"))
         await post(s, router.url, "/v1/chat/completions", chat("two"))
-        async with s.get(router.url + "/metrics") as r:
+        async with s.get(router.metrics) as r:
             text = await r.text()
         async with s.get(router.url + "/healthz") as r:
             assert r.status == 200
@@ -480,7 +480,7 @@ async def test_router_reads_the_engines_step_rhythm(fleet: Fleet, start_sims):
             await stream(s, i, 1)
             await asyncio.sleep(0.007)
         await asyncio.gather(*background)
-        async with s.get(router.url + "/metrics") as r:
+        async with s.get(router.metrics) as r:
             text = await r.text()
         async with s.get(sims[0] + "/metrics") as r:
             engine = await r.text()

@@ -25,7 +25,7 @@ MODEL = "test-model"
 
 
 async def _metrics(s: aiohttp.ClientSession, url: str) -> str:
-    async with s.get(url + "/metrics") as r:
+    async with s.get(url) as r:
         return await r.text()
 
 
@@ -55,7 +55,7 @@ async def test_odd_bodies_and_methods_get_openai_errors(fleet: Fleet, start_sims
         async with s.get(router.url + "/v1/nothing-here") as r:
             assert r.status == 404
             assert "no route" in (await r.json())["error"]["message"]
-        assert sample_sum(await _metrics(s, router.url), "prefix_router_requests_total") >= 1
+        assert sample_sum(await _metrics(s, router.metrics), "prefix_router_requests_total") >= 1
 
 
 @pytest.fixture
@@ -107,7 +107,7 @@ async def test_a_connect_timeout_is_retried_on_the_next_backend(
             ) as r:
                 assert r.status == 200, await r.text()
                 assert r.headers["x-routed-to"] == sims[0]
-        text = await _metrics(s, router.url)
+        text = await _metrics(s, router.metrics)
     assert (
         sample_sum(
             text, "prefix_router_requests_total", backend=never_accepting, outcome="connect_error"
@@ -176,7 +176,7 @@ async def test_a_stream_cut_after_its_first_token_ends_with_an_error_event(
                             os.killpg(fleet.procs[0].process.pid, signal.SIGKILL)
 
             await asyncio.wait_for(read(), 20)
-        text = await _metrics(s, router.url)
+        text = await _metrics(s, router.metrics)
     assert json.loads(events[0])["choices"][0]["text"]
     assert events[-1] == b"[DONE]"
     err = json.loads(events[-2])["error"]

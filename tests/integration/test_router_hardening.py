@@ -24,9 +24,11 @@ MODEL = "test-model"
 class Router:
     """The router as `prefix-router` runs it (app.serve), in this process, on a free port."""
 
-    def __init__(self, port: int, session: aiohttp.ClientSession) -> None:
+    def __init__(self, port: int, metrics: int | None, session: aiohttp.ClientSession) -> None:
         self.host, self.port = "127.0.0.1", port
         self.url = f"http://127.0.0.1:{port}"
+        # its /metrics page, on a port of its own (or the API port with metrics_port null)
+        self.metrics = f"http://127.0.0.1:{metrics or port}/metrics"
         self.session = session
 
     def post(self, path: str, **kw: Any) -> Any:
@@ -46,10 +48,13 @@ async def router(engine) -> AsyncIterator[Callable[..., Any]]:
             {"discovery": {"backends": [engine[0]]}, "models": [MODEL], "port": 0, **settings}
         )
         stop = asyncio.Event()
-        bound: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(serve(s, stop, bound.set_result))
+        loop = asyncio.get_running_loop()
+        bound: asyncio.Future[int] = loop.create_future()
+        metrics: asyncio.Future[int] = loop.create_future()
+        task = asyncio.create_task(serve(s, stop, bound.set_result, metrics.set_result))
         stops.append((stop, task))
-        return Router(await asyncio.wait_for(bound, 30), session)
+        port = await asyncio.wait_for(bound, 30)
+        return Router(port, metrics.result() if s.metrics_port is not None else None, session)
 
     yield make
     await session.close()
@@ -133,6 +138,34 @@ async def test_hop_by_hop_headers_stop_here_and_forwarded_for_grows(router, engi
     assert got["x-forwarded-for"] == "127.0.0.1"
 
 
+async def test_the_forwarding_headers_follow_one_rule(router, engine) -> None:
+    # Forwarded, X-Real-IP, X-Forwarded-Host and -Proto went to the engine as the client wrote
+    # them (a client could pose as any address or host) while X-Forwarded-For was appended to.
+    _url, seen = engine
+    client = await router()
+    async with client.post("/v1/chat/completions", json=chat(), headers=[
+        ("Forwarded", "for=198.18.0.7"), ("Forwarded", 'for="[2001:db8::1]";proto=https'),
+        ("X-Real-IP", "198.18.0.9"), ("X-Forwarded-Host", "api.example"),
+        ("X-Forwarded-Proto", "https"), ("X-Forwarded-For", "198.18.0.7")]) as r:  # fmt: skip
+        assert r.status == 200
+    got = seen[-1]["headers"]
+    here = f"127.0.0.1:{client.port}"
+    # the lists: every hop the client named, then the router's peer (one field each)
+    assert got.getall("Forwarded") == [
+        f'for=198.18.0.7, for="[2001:db8::1]";proto=https, for=127.0.0.1;host="{here}";proto=http'
+    ]
+    assert got.getall("X-Forwarded-For") == ["198.18.0.7, 127.0.0.1"]
+    # the single values: the router's own
+    assert got.getall("X-Real-IP") == ["127.0.0.1"]
+    assert got.getall("X-Forwarded-Host") == [here]
+    assert got.getall("X-Forwarded-Proto") == ["http"]
+    # named in Connection, the client's Forwarded is hop-by-hop: the router's starts anew
+    async with client.post("/v1/chat/completions", json=chat(), headers={
+        "Connection": "Forwarded", "Forwarded": "for=198.18.0.7"}) as r:  # fmt: skip
+        assert r.status == 200
+    assert seen[-1]["headers"].getall("Forwarded") == [f'for=127.0.0.1;host="{here}";proto=http']
+
+
 async def test_the_error_contract(router) -> None:
     client = await router()
     async with client.post(
@@ -164,6 +197,25 @@ async def test_a_clients_broken_body_leaves_no_trace_of_it_in_the_log(router, ca
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+async def test_metrics_are_not_served_on_the_api_port(router, engine) -> None:
+    # /metrics labels its series with every engine's URL: on the API port any client learnt
+    # the fleet's addresses (unless metrics_port was set).
+    engine_url, _seen = engine
+    client = await router()
+    async with client.post("/v1/chat/completions", json=chat()) as r:
+        assert r.status == 200
+    async with client.get("/metrics") as r:
+        assert r.status == 404
+        assert engine_url.split("//")[1] not in await r.text()
+    async with client.session.get(client.metrics) as r:
+        assert r.status == 200
+        assert engine_url.split("//")[1] in await r.text()
+    assert client.metrics != client.url + "/metrics"
+    one_port = await router(metrics_port=None)  # asked for: /metrics on the API port
+    async with one_port.get("/metrics") as r:
+        assert r.status == 200
+
+
 async def test_a_prompt_longer_than_the_engines_take_is_refused_before_the_index(
     router, engine
 ) -> None:
@@ -172,7 +224,7 @@ async def test_a_prompt_longer_than_the_engines_take_is_refused_before_the_index
     async with client.post("/v1/chat/completions", json=huge) as r:
         body = await r.json()
         assert r.status == 400 and body["error"]["code"] == "context_length_exceeded"
-    async with client.get("/metrics") as r:
+    async with client.session.get(client.metrics) as r:
         text = await r.text()
     assert "prefix_router_table_entries 0.0" in text  # nothing of it reached the index
     _url, seen = engine
@@ -188,7 +240,7 @@ async def test_the_index_is_bounded_by_its_memory_budget(router) -> None:
         prompt = {"model": MODEL, "messages": [{"role": "user", "content": f"{i} " * 20_000}]}
         async with client.post("/v1/chat/completions", json=prompt) as r:
             assert r.status == 200
-    async with client.get("/metrics") as r:
+    async with client.session.get(client.metrics) as r:
         text = await r.text()
     entries = next(float(x.split()[1]) for x in text.splitlines()
                    if x.startswith("prefix_router_table_entries "))  # fmt: skip

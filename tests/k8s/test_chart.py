@@ -51,6 +51,7 @@ from prefix_operator import (
     external_metrics,
     kinds,
     naming,
+    render,
 )
 from prefix_operator import adapter as adapter_cli
 from prefix_operator import cli as operator_cli
@@ -283,7 +284,10 @@ def test_all_options_render(all_objs: list[dict[str, Any]]) -> None:
     svc_labels = router_svc["metadata"]["labels"]
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc_labels.items()
     assert sm["spec"]["targetLabels"] == [naming.MODEL_LABEL]
-    assert sm["spec"]["endpoints"][0]["port"] == router_svc["spec"]["ports"][0]["name"]
+    # ... on the port /metrics is served on (not the API's)
+    svc_ports = {p["name"]: p["port"] for p in router_svc["spec"]["ports"]}
+    assert sm["spec"]["endpoints"][0]["port"] == "metrics"
+    assert svc_ports["metrics"] == render.router_settings(sample_model()).metrics_port
     assert sm["spec"]["namespaceSelector"] == {"matchNames": namespaces}
     rules = yaml.safe_load(one(all_objs, "ConfigMap", "-prometheus-adapter-rules")["data"]
                            ["config.yaml"])

@@ -51,6 +51,7 @@ async def routed(
         s = RouterSettings.model_validate({
             "discovery": {"backends": [engine.url]}, "port": 0, "tokenizer": str(TOKENIZER_DIR),
             "expose_routing": True, "kv_capacity_tokens": 8800, "block_size": BLOCK,
+            "metrics_port": None,  # the app alone (no serve()): /metrics on its one port
         })  # fmt: skip
         server = TestServer(build_app(s))
         await server.start_server()

@@ -50,6 +50,7 @@ async def routed(
         s = RouterSettings.model_validate({
             "discovery": {"backends": urls}, "port": 0, "tokenizer": str(TOKENIZER_DIR),
             "expose_routing": True, "kv_capacity_tokens": 16_000,
+            "metrics_port": None,  # the app alone (no serve()): /metrics on its one port
         })  # fmt: skip
         app = build_app(s)
         server = TestServer(app)

@@ -167,7 +167,8 @@ def test_router_objects(cfg: OperatorConfig) -> None:
     assert c["args"] == ["--config", "/etc/prefix-router/router.yaml"]
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert c["ports"][0]["containerPort"] == 8080
+    assert [(p["name"], p["containerPort"]) for p in c["ports"]] == [("http", 8080),
+                                                                       ("metrics", 9090)]
     assert pod["serviceAccountName"] == "llama-router"
     assert pod["volumes"] == [{"name": "config", "configMap": {"name": "llama-router"}},
                               {"name": "cache", "emptyDir": {"sizeLimit": "256Mi"}}]
@@ -181,7 +182,12 @@ def test_router_objects(cfg: OperatorConfig) -> None:
     assert rb["roleRef"]["name"] == "llama-router"
     assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "llama-router",
                                "namespace": "ml"}]
-    assert objs[("Service", "llama-router")]["spec"]["ports"][0]["port"] == 8080
+    svc_ports = {p["name"]: p for p in objs[("Service", "llama-router")]["spec"]["ports"]}
+    assert svc_ports["http"]["port"] == 8080
+    # /metrics on a port of its own, as the router's config says: the API port shows no
+    # engine addresses
+    assert svc_ports["metrics"]["targetPort"] == "metrics"
+    assert router_settings(model()).metrics_port == 9090
 
 
 def test_router_config_follows_the_router_contract() -> None:
@@ -218,8 +224,9 @@ def _router_setting_fields() -> set[str]:
 def test_router_yaml_holds_only_what_the_spec_and_the_operator_set() -> None:
     """Everything else is left to the router's own defaults."""
     rendered = yaml.safe_load(router_config_text(model()))
-    wiring = {"host", "port", "models", "policy", "model_key", "discovery", "store", "health",
-              "events", "cached_tokens_reported", "index", "tokenizer"}  # fmt: skip
+    wiring = {"host", "port", "metrics_port", "models", "policy", "model_key", "discovery",
+              "store", "health", "events", "cached_tokens_reported", "index",
+              "tokenizer"}  # fmt: skip
     assert set(rendered) == _router_setting_fields() | wiring
     assert rendered["discovery"] == {"mode": "kubernetes", "namespace": "ml",
                                      "service": "llama-model-server", "port": 8000}

@@ -60,6 +60,7 @@ def settings(url: str, sims: list[str], rid: str) -> RouterSettings:
     return RouterSettings.model_validate({
         "model_key": "ml/llama", "kv_capacity_tokens": 100_000, "block_size": 16,
         "discovery": {"backends": sims},
+        "metrics_port": None,  # the app alone (no serve()): /metrics on its one port
         "store": {"mode": "redis", "url": url, "near_cache_ttl_ms": 0, "write_delay_ms": 0,
                   "router_id": rid},
     })  # fmt: skip

@@ -105,3 +105,34 @@ def test_a_salt_header_that_is_not_text_is_400():
     assert parse_request(body(model="m", prompt="x"), "completions", "tenant").cache_salt == (
         "tenant"
     )
+
+
+def _deep_chat(where: str, depth: int) -> bytes:
+    """A chat body whose deepest point is `depth` levels down (the body itself is level 1)
+    in `where`: its tools, a content part or a message's tool_calls (written out: json.dumps
+    cannot write what is too deep for it)."""
+    def nested(levels: int) -> bytes:
+        return b"[" * levels + b"]" * levels
+
+    if where == "tools":  # body > tools > ...
+        return b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": ' + \
+            nested(depth - 1) + b"}"
+    if where == "content":  # body > messages > message > content > part > image_url > ...
+        return b'{"model": "m", "messages": [{"role": "user", "content": [{"type": ' \
+            b'"image_url", "image_url": ' + nested(depth - 5) + b"}]}]}"
+    # body > messages > message > tool_calls > ...
+    return b'{"model": "m", "messages": [{"role": "assistant", "tool_calls": ' + \
+        nested(depth - 3) + b"}]}"
+
+
+@pytest.mark.parametrize("where", ["tools", "content", "tool_calls"])
+def test_nesting_is_bounded_at_parse_time(where: str) -> None:
+    # Near 980 levels json.dumps of these parts (the canonical bytes) hit Python's recursion
+    # limit: the router answered 500 with a traceback in its log.
+    from prefix_router.parsing import MAX_DEPTH
+
+    assert parse_request(_deep_chat(where, MAX_DEPTH), "chat").canonical
+    for depth in (MAX_DEPTH + 1, 980, 985, 5000):
+        with pytest.raises(RequestError) as e:
+            parse_request(_deep_chat(where, depth), "chat")
+        assert e.value.status == 400 and "nests deeper" in e.value.message

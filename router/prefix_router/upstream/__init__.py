@@ -23,7 +23,13 @@ parser), response.py (the answer as the proxy reads it), errors.py.
 """
 
 from .client import UpstreamClient
-from .errors import UpstreamConnectError, UpstreamConnectTimeout, UpstreamError, UpstreamTimeout
+from .errors import (
+    UpstreamConnectError,
+    UpstreamConnectTimeout,
+    UpstreamError,
+    UpstreamHung,
+    UpstreamTimeout,
+)
 from .response import UpstreamResponse
 
 __all__ = [
@@ -31,6 +37,7 @@ __all__ = [
     "UpstreamConnectError",
     "UpstreamConnectTimeout",
     "UpstreamError",
+    "UpstreamHung",
     "UpstreamResponse",
     "UpstreamTimeout",
 ]

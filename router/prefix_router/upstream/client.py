@@ -10,7 +10,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .connection import Connection
-from .errors import UpstreamConnectError, UpstreamConnectTimeout
+from .errors import UpstreamConnectError, UpstreamConnectTimeout, UpstreamHung
 from .response import UpstreamResponse
 
 IDLE_TIMEOUT_S = 60.0
@@ -57,6 +57,8 @@ class Pool:
 
     def lost(self, conn: Connection) -> None:
         self.conns.discard(conn)  # the idle list drops it on take() or sweep()
+        if self.closing and not self.conns:
+            self.client.retired(self)
 
     async def connect(self) -> Connection:
         limit = self.client.connect_timeout
@@ -115,6 +117,8 @@ class UpstreamClient:
         self.max_idle = max_idle
         self.loop = asyncio.get_running_loop()
         self._pools: dict[str, Pool] = {}
+        # pools of backends that left or were ejected, until their last answer is in
+        self._retiring: dict[str, set[Pool]] = {}
         self._sweeper: asyncio.TimerHandle | None = None
         self.closed = False
 
@@ -169,6 +173,24 @@ class UpstreamClient:
         pool = self._pools.pop(base_url, None)
         if pool is not None:
             pool.retire()
+            if pool.conns:
+                self._retiring.setdefault(base_url, set()).add(pool)
+
+    def retired(self, pool: Pool) -> None:
+        """`pool`'s last busy connection is gone."""
+        left = self._retiring.get(pool.name)
+        if left is not None:
+            left.discard(pool)
+            if not left:
+                del self._retiring[pool.name]
+
+    def abort(self, base_url: str, why: str) -> None:
+        """Cut every request in flight to a backend that hangs: each fails with UpstreamHung,
+        its connection closed (so the engine, if it ever wakes, drops it)."""
+        pools = [*self._retiring.get(base_url, ()), *filter(None, [self._pools.get(base_url)])]
+        for pool in pools:
+            for conn in list(pool.conns):
+                conn.fail(UpstreamHung(f"{base_url} hangs: {why}"))
 
     async def close(self) -> None:
         self.closed = True

@@ -92,6 +92,11 @@ class Connection(asyncio.Protocol):
             return
         self._fail(UpstreamTimeout(f"{self.pool.name} sent nothing for {limit:g}s"))
 
+    def fail(self, exc: BaseException) -> None:
+        """The answer in flight (if any) ends with `exc`; the connection closes, so the engine
+        learns the request is abandoned."""
+        self._fail(exc)
+
     def _fail(self, exc: BaseException) -> None:
         resp = self.resp
         self.resp = None

@@ -21,3 +21,8 @@ class UpstreamTimeout(TimeoutError):
 
 class UpstreamConnectTimeout(UpstreamTimeout):
     """No connection within the connect timeout: the request never reached the engine."""
+
+
+class UpstreamHung(UpstreamError):
+    """The router cut the request: the engine made no progress while it waited (it hangs), so
+    nothing will come back from it; another engine may serve it."""
