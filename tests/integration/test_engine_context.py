@@ -40,7 +40,7 @@ async def test_a_prompt_longer_than_the_engines_context_is_refused_by_the_router
                                                            "prompt")  # fmt: skip
         # the router's words, not the engine's ("This model's maximum context length is ...")
         assert "longer than the model's context of 2000 tokens" in error["message"], error
-        async with s.get(router.url + "/metrics") as r:
+        async with s.get(router.metrics) as r:
             assert table_entries(await r.text()) == 0  # nothing of it reached the index
         # a prompt that fits is served, and only then does the engine see a request
         assert (await fetch_stats([sim.url]))[0]["requests"] == 0

@@ -47,6 +47,7 @@ async def env_for(fleet: Fleet, tier_costs: dict[str, float]) -> AsyncIterator[d
         ends[p.url] = f"tcp://127.0.0.1:{pub},tcp://127.0.0.1:{replay}"
     s = RouterSettings.model_validate({
         "discovery": {"backends": sims}, "models": [MODEL], "port": 0, "index": "events",
+        "metrics_port": None,  # /metrics on the API port: the test reads it there
         "tokenizer": str(TINY_TOKENIZER), "expose_routing": True,
         "cached_tokens_reported": True, "events": {"endpoints": ends, "tier_costs": tier_costs},
     })  # fmt: skip

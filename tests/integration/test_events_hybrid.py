@@ -49,6 +49,7 @@ async def env(fleet: Fleet) -> AsyncIterator[dict[str, Any]]:
         ends[p.url] = f"tcp://127.0.0.1:{pub},tcp://127.0.0.1:{replay}"
     s = RouterSettings.model_validate({
         "discovery": {"backends": sims}, "models": [MODEL], "port": 0, "index": "events",
+        "metrics_port": None,  # /metrics on the API port: the test reads it there
         "tokenizer": str(TINY_TOKENIZER), "expose_routing": True,
         "cached_tokens_reported": True,
         # the router's own claims after an answer (speculative, until events confirm them)
