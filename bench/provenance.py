@@ -9,6 +9,12 @@ import re
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
+
+# The code a result can depend on: a change here not yet committed makes the commit alone
+# an incomplete name for what ran. Committed results themselves do not count.
+CODE = ("router", "sim", "operator", "bench", "e2e", "charts", "crds", "pyproject.toml",
+        ":(exclude)bench/results")
 
 
 def machine() -> str:
@@ -26,9 +32,12 @@ def git(*args: str) -> str:
     return subprocess.run(["git", *args], capture_output=True, text=True).stdout.strip()
 
 
-def stamp(command: str) -> dict[str, str]:
-    """What every result of one invocation carries, written once: the commit, and whether the
-    code measured differs from it."""
-    dirty = git("status", "--porcelain", "router", "sim", "bench/harness", "bench/runner.py")
-    return {"command": command, "machine": machine(),
-            "version": git("rev-parse", "--short", "HEAD") + (" (modified)" if dirty else "")}
+def stamp(command: str) -> dict[str, Any]:
+    """What every result of one invocation carries, written once: the command, the host, the
+    commit, and whether the code measured differs from it (`dirty`: a tracked file changed or
+    an untracked one added). tests/bench/test_results_provenance.py holds every committed
+    result to these fields."""
+    commit = git("rev-parse", "--short", "HEAD")
+    dirty = bool(git("status", "--porcelain", "--", *CODE))
+    return {"command": command, "machine": machine(), "commit": commit, "dirty": dirty,
+            "version": commit + (" (modified)" if dirty else "")}
