@@ -4,8 +4,7 @@ Brings up the real single-node cluster (or uses the one `make cluster` runs), in
 chart with our image, and measures, on real pods:
 
 1. build steps, cached: hack/cluster/ensure-binaries.sh, hack/ensure-helm.sh,
-   hack/image/build.sh (each timed as `make test` runs it; the cold times come from a fresh
-   clone's `make test`, see bench/results/real-node/README.md);
+   hack/image/build.sh (each timed as `make test` runs it, everything already built);
 2. the cluster's start (control plane, containerd, image import, node Ready, kube-proxy,
    CoreDNS) and the helm install;
 3. pod Ready times (creation -> Ready) of every pod it ran;

@@ -1,5 +1,6 @@
 """What the node suite's tests share besides fixtures: timeouts that scale, the cluster handle,
-and the model they exercise. (Not conftest.py: tests import from here.)"""
+the model they exercise, and how a test says this machine cannot run it. (Not conftest.py:
+tests import from here.)"""
 
 from __future__ import annotations
 
