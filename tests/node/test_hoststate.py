@@ -52,7 +52,8 @@ def test_the_guard_rule_reads_back_as_node_py_writes_it() -> None:
 
 
 def test_only_new_chains_named_as_kubernetes_names_them_are_ours() -> None:
-    before = parse_save(normalized_save(SAVE.replace(":KUBE-FORWARD - [0:0]\n", "")))
+    before = parse_save(normalized_save(
+        SAVE.replace(":KUBE-FORWARD - [0:0]\n", "").replace(":MINE - [0:0]\n", "")))
     now = parse_save(normalized_save(SAVE))
     ours = new_chains(before["filter"], now["filter"])
     assert ours == {"KUBE-FORWARD"}  # MINE is new too, but no name of ours
@@ -65,6 +66,9 @@ def test_a_table_that_does_nothing_is_empty() -> None:
     tables = parse_save(normalized_save(SAVE))
     assert tables["nat"].empty()
     assert not tables["filter"].empty()
+    # no rule, but a policy that drops: not a table to delete
+    dropping = parse_save(normalized_save(SAVE.replace(":POSTROUTING ACCEPT", ":POSTROUTING DROP")))
+    assert not dropping["nat"].empty()
 
 
 def test_difference_names_each_item_gone_or_new() -> None:
