@@ -53,10 +53,13 @@ image: k8s-binaries
 	@$(PYTHON) e2e/cluster/cluster.py import-images
 
 # For `make test`: the images where this machine can run a node at all (root, Linux, cgroups,
-# overlayfs); elsewhere the node suite skips and says which check failed.
+# overlayfs). Elsewhere the node suite skips and says which check failed; under CI (the CI
+# environment variable set) this fails with it instead: CI machines can run the node.
 node-images: k8s-binaries
 	@if $(PYTHON) e2e/cluster/cluster.py check >/dev/null; then \
-	  bash hack/image/build.sh >/dev/null; else $(PYTHON) e2e/cluster/cluster.py check || true; fi
+	  bash hack/image/build.sh >/dev/null; \
+	elif [ -n "$$CI" ]; then $(PYTHON) e2e/cluster/cluster.py check; \
+	else $(PYTHON) e2e/cluster/cluster.py check || true; fi
 
 # A real single-node cluster (kubelet, containerd, runc, CNI bridge, kube-proxy, CoreDNS) in the
 # background; prints its KUBECONFIG. Then: helm install ... charts/prefix-router (README).

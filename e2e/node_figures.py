@@ -4,8 +4,7 @@ Brings up the real single-node cluster (or uses the one `make cluster` runs), in
 chart with our image, and measures, on real pods:
 
 1. build steps, cached: hack/cluster/ensure-binaries.sh, hack/ensure-helm.sh,
-   hack/image/build.sh (each timed as `make test` runs it; the cold times come from a fresh
-   clone's `make test`, see bench/results/real-node/README.md);
+   hack/image/build.sh (each timed as `make test` runs it, everything already built);
 2. the cluster's start (control plane, containerd, image import, node Ready, kube-proxy,
    CoreDNS) and the helm install;
 3. pod Ready times (creation -> Ready) of every pod it ran;
@@ -18,7 +17,9 @@ chart with our image, and measures, on real pods:
    caches are emptied (POST /reset) before each run;
 5. the HPA scaling real pods on cache pressure and back: a sample every 2 s.
 
-Writes figures.json and hpa-timeline.png into bench/results/real-node/ (or --out).
+Writes figures.json and hpa-timeline.png into bench/results/real-node/ (or --out). The JSON
+records the command, the host, the commit and whether the code differed from it
+(bench/provenance.py): run it on committed code.
 """
 
 from __future__ import annotations
@@ -39,11 +40,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "cluster"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cluster as node_cluster
 import product
 import traffic
 from controlplane import REPO_ROOT, ExistingCluster
+
+from bench.provenance import stamp
 
 OUT = REPO_ROOT / "bench" / "results" / "real-node"
 CMP_NS, CMP = "figures-cmp", "cmp"
@@ -233,7 +237,14 @@ def main() -> int:
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    os.chdir(REPO_ROOT)  # the commit recorded is this repository's, wherever it is run from
+    provenance = stamp(" ".join(["python", "e2e/node_figures.py", *sys.argv[1:]]))
+    if provenance.get("dirty"):
+        sys.stderr.write("node_figures: the code differs from its commit; the result will "
+                         "say so (dirty: true)\n")
     result: dict[str, Any] = {
+        **provenance,
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "host": f"{platform.node()} ({os.cpu_count()} CPUs)",
         "load_average_before": os.getloadavg(),
@@ -265,6 +276,7 @@ def main() -> int:
             own.stop()
             result["teardown_leftovers"] = own.leftovers
     result["load_average_after"] = os.getloadavg()
+    result["wall_clock_seconds"] = round(time.monotonic() - started, 1)
     (out / "figures.json").write_text(json.dumps(result, indent=1) + "\n")
     plot(result["hpa"], out / "hpa-timeline.png")
     print(json.dumps({k: v for k, v in result.items() if k not in ("hpa", "pod_ready")},

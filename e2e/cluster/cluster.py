@@ -37,6 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import hostrestore
 import hoststate
 import node as nodemod
 from controlplane import (
@@ -53,6 +54,8 @@ CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pref
 # as is everything it records).
 LOCK_FILE = Path("/run/lock/prefix-router-node.lock")
 STATE_FILE = Path("/run/prefix-router-node.json")
+# 2: "before" is the whole hoststate.fingerprint()
+STATE_FORMAT = 2
 IMAGES_TSV = CACHE / "images" / "images.tsv"
 # containerd's root across clusters: the images stay imported (only containers are removed)
 CONTAINERD_ROOT = CACHE / "node" / "containerd"
@@ -140,10 +143,13 @@ def read_state() -> dict[str, Any] | None:
 
 
 def restore_from(state: dict[str, Any]) -> list[str]:
-    """Take the machine back from a state file's record (the owner is gone)."""
-    before = hoststate.HostState(**state["before"])
-    owned = hoststate.Owned(**state["owned"])
-    notes = hoststate.restore(before, owned)
+    """Take the machine back from a state file's record (the owner is gone): the node's own
+    rule first (a table it sits in can then go too), then everything else."""
+    before = hoststate.HostState.from_dict(state["before"])
+    owned = hostrestore.Owned(**state["owned"])
+    guards = nodemod.host_network_down()
+    notes = [f"removed {guards} guard rule(s)"] if guards else []
+    notes += hostrestore.restore(before, owned)
     if not state.get("keep_work"):
         shutil.rmtree(owned.work_dir, ignore_errors=True)
     return notes
@@ -230,14 +236,17 @@ class NodeCluster:
                 sys.stderr.write(f"[node] cleaning up after PID {stale.get('owner')}: "
                                  f"{restore_from(stale)}\n")
                 STATE_FILE.unlink(missing_ok=True)
+            left = nodemod.host_network_down()
+            if left:
+                sys.stderr.write(f"[node] removed {left} guard rule(s) an earlier version's "
+                                 "teardown left behind\n")
             shutil.rmtree(self.work, ignore_errors=True)
             self.work.mkdir(parents=True)
-            self._fingerprint = hoststate.fingerprint(self.work)
-            before = hoststate.capture()
+            self._fingerprint = hoststate.fingerprint()
             self._state = {
-                "owner": os.getpid(), "ready": False, "keep_work": self.keep_work,
-                "kubeconfig": str(self.kubeconfig), "before": json.loads(before.to_json()),
-                "fingerprint": self._fingerprint,
+                "format": STATE_FORMAT, "owner": os.getpid(), "ready": False,
+                "keep_work": self.keep_work,
+                "kubeconfig": str(self.kubeconfig), "before": self._fingerprint,
                 "owned": {"work_dir": str(self.work),
                           "containerd_socket": str(self.work / "containerd" / "containerd.sock"),
                           "links": [nodemod.NODE_LINK, nodemod.BRIDGE], "pids": [],
@@ -293,8 +302,10 @@ class NodeCluster:
             t2 = time.monotonic()
             notes = [f"node stopped ({t1 - t0:.1f}s)", f"control plane stopped ({t2 - t1:.1f}s)"]
             notes += restore_from({**self._state, "keep_work": True})
-            after = hoststate.fingerprint(self.work)
-            self.leftovers = hoststate.difference(self._fingerprint, after)
+            self.leftovers = hoststate.difference(self._fingerprint, hoststate.fingerprint())
+            self.leftovers += hostrestore.processes_left(
+                hoststate.HostState.from_dict(self._state["before"]),
+                hostrestore.Owned(**self._state["owned"]))
             if notes:
                 sys.stderr.write(f"[node] teardown: {'; '.join(notes)}\n")
             if not self.keep_work:
@@ -374,8 +385,17 @@ def cmd_down(args: argparse.Namespace) -> int:
     state = read_state()
     if state is None:
         print("no node cluster is up")
+        if os.geteuid() == 0:
+            lock = _Lock()
+            lock.acquire(60)
+            try:
+                if read_state() is None and (n := nodemod.host_network_down()):
+                    print(f"removed {n} guard rule(s) an earlier version's teardown left")
+            finally:
+                lock.release()
         return 0
     owner = int(state.get("owner", 0))
+    differs = False
     if owner_alive(state):
         os.kill(owner, signal.SIGTERM)
         deadline = time.monotonic() + args.timeout
@@ -386,8 +406,11 @@ def cmd_down(args: argparse.Namespace) -> int:
             return 1
         log = Path(f"{state['owned']['work_dir']}.log")
         if log.exists():
+            # the owner's last words: its teardown's notes and how the machine compares
             lines = log.read_text(errors="replace").strip().splitlines()
-            print("\n".join(ln for ln in lines if ln.startswith(("[node] teardown", "down"))))
+            last = [i for i, ln in enumerate(lines) if ln.startswith(("[node] teardown", "down"))]
+            print("\n".join(lines[last[0]:] if last else lines[-20:]))
+            differs = any("differs from before" in ln for ln in lines)
     if STATE_FILE.exists():
         lock = _Lock()
         lock.acquire(60)
@@ -396,11 +419,20 @@ def cmd_down(args: argparse.Namespace) -> int:
             if stale is not None:
                 print(f"cleaned up after PID {owner}: {restore_from(stale)}")
                 STATE_FILE.unlink(missing_ok=True)
+                # (a record written before whole fingerprints were kept cannot be compared)
+                left = hoststate.difference(stale["before"], hoststate.fingerprint()) \
+                    if stale.get("format") == STATE_FORMAT else []
+                if left:
+                    print("differs from before:\n  " + "\n  ".join(left))
+                    differs = True
         finally:
             lock.release()
     with contextlib.suppress(OSError):
         Path(f"{state['owned']['work_dir']}.log").unlink()
-    return 0
+    if differs:
+        print("cluster: the teardown left this machine different from before (above)",
+              file=sys.stderr)
+    return 1 if differs else 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:

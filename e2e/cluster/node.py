@@ -17,7 +17,8 @@ What this machine needs, and why (probed; see docs/controlplane.md, "The real no
   imported with `ctr -n k8s.io images import`; the sandbox image is the local pause image.
 
 Every path the components write is under the work directory, except what containerd, libcni
-and the kubelet hard-code (hoststate.SHARED_DIRS); hoststate.restore takes all of it back.
+and the kubelet hard-code (hoststate.SHARED_DIRS); host_network_down and hostrestore.restore
+take all of it back.
 """
 
 from __future__ import annotations
@@ -48,9 +49,12 @@ CLUSTER_DOMAIN = "cluster.local"
 CNI_BIN_DIR = "/usr/lib/cni"
 RUNC = "/usr/sbin/runc"
 # The packages the node runs on (Debian names); cluster.py installs the missing ones.
-DEBS = ("containerd", "runc", "containernetworking-plugins", "iptables", "conntrack",
-        "iproute2", "mount")
+DEBS = ("containerd", "runc", "containernetworking-plugins", "iptables", "nftables",
+        "conntrack", "iproute2", "mount")
 GUARD_COMMENT = "prefix-router-node: pods reach nothing off the bridge"
+# FORWARD: whatever a pod sends off the bridge is dropped (ipMasq is off too)
+GUARD_RULE = ("FORWARD", "-i", BRIDGE, "!", "-o", BRIDGE, "-m", "comment",
+              "--comment", GUARD_COMMENT, "-j", "DROP")
 
 
 @dataclass(frozen=True)
@@ -112,10 +116,20 @@ def host_network_up() -> None:
     sh("ip", "link", "set", BRIDGE, "up")
     sh("ip", "route", "replace", SERVICE_CIDR, "dev", BRIDGE, "src", POD_GATEWAY)
     hoststate.write_sysctl("net.ipv4.ip_forward", "1")
-    rule = ["FORWARD", "-i", BRIDGE, "!", "-o", BRIDGE, "-m", "comment",
-            "--comment", GUARD_COMMENT, "-j", "DROP"]
-    if sh("iptables", "-w", "-C", *rule, check=False).returncode != 0:
-        sh("iptables", "-w", "-I", *rule)
+    if sh("iptables", "-w", "-C", *GUARD_RULE, check=False).returncode != 0:
+        sh("iptables", "-w", "-I", *GUARD_RULE)
+
+
+def host_network_down() -> int:
+    """Delete the guard rule (every copy: an earlier version's teardown missed it); returns
+    how many went. The links, the route on them and the sysctl go with hostrestore.restore."""
+    if shutil.which("iptables") is None:
+        return 0
+    n = 0
+    while n < 100 and sh("iptables", "-w", "-C", *GUARD_RULE, check=False).returncode == 0:
+        sh("iptables", "-w", "-D", *GUARD_RULE)
+        n += 1
+    return n
 
 
 # --------------------------------------------------------------------------- configuration

@@ -3,12 +3,16 @@ real single-node cluster (kubelet + containerd + runc, e2e/cluster/cluster.py), 
 own image (`make image`).
 
 - The cluster: one for the session, brought up here and taken down at the end; the teardown
-  fails the session if the machine differs from before (sysctls, iptables chains, cgroups,
-  links, mounts, shared directories). When `make cluster` already runs one, the suite uses
-  it and leaves it up.
-- Skipped, with the check that failed, only where this machine cannot run a node at all (not
-  Linux, not root, no cgroup cpu/memory/pids controller, no overlayfs). Missing binaries or
-  images are errors that name the make target to run (`make test` builds them first).
+  fails the session if the machine differs from before (hoststate.fingerprint: iptables rule
+  sets, mounts, links, addresses, routes, sysctls, cgroups, shared directories). When `make
+  cluster` already runs one, the suite uses it and leaves it up. test_teardown.py runs first,
+  before that cluster (one node cluster per machine): its own `make cluster` and
+  `make cluster-down`.
+- Where this machine cannot run a node at all (not Linux, not root, no cgroup cpu/memory/pids
+  controller, no overlayfs), skipped with the check that failed; under CI (the `CI`
+  environment variable set), failed with it instead: CI runs on machines that can, so there a
+  skip would hide a broken suite. Missing binaries or images are errors that name the make
+  target to run (`make test` builds them first).
 - Timeouts scale with PREFIXROUTER_TIMEOUT_SCALE (default 1; a busy machine may want 2).
 """
 
@@ -27,7 +31,7 @@ if str(_CLUSTER_DIR) not in sys.path:
 import cluster as node_cluster  # noqa: E402
 import product  # noqa: E402
 from controlplane import ExistingCluster  # noqa: E402
-from nodesuite import MODEL, MODEL_NAMESPACE, STEP_SCALE, Cluster, scaled  # noqa: E402
+from nodesuite import MODEL, MODEL_NAMESPACE, STEP_SCALE, Cluster, scaled, unavailable  # noqa: E402
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -36,18 +40,27 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
-    for item in items:
-        if here in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.node)
-            # the first test also brings the cluster up and installs the chart
-            item.add_marker(pytest.mark.timeout(scaled(900)))
+    ours = [item for item in items if here in Path(str(item.fspath)).parents]
+    for item in ours:
+        item.add_marker(pytest.mark.node)
+        # the first test also brings the cluster up and installs the chart
+        item.add_marker(pytest.mark.timeout(scaled(900)))
+    # the teardown test brings up a cluster of its own: before the session's, which stays up
+    # from the first test that needs it to the end
+    first = [item for item in ours if Path(str(item.fspath)).name == "test_teardown.py"]
+    items[:] = first + [item for item in items if item not in first]
 
 
 @pytest.fixture(scope="session")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def node_machine() -> None:
+    """This machine can run a node at all (else skipped, or failed under CI)."""
     problems = node_cluster.machine_problems()
     if problems:
-        pytest.skip("this machine cannot run the real node: " + "; ".join(problems))
+        unavailable("this machine cannot run the real node: " + "; ".join(problems))
+
+
+@pytest.fixture(scope="session")
+def node(node_machine: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     try:
         images = {n: i.ref for n, i in node_cluster.node_images().items()}
         state = node_cluster.read_state()

@@ -1,5 +1,6 @@
 """What the node suite's tests share besides fixtures: timeouts that scale, the cluster handle,
-and the model they exercise. (Not conftest.py: tests import from here.)"""
+the model they exercise, and how a test says this machine cannot run it. (Not conftest.py:
+tests import from here.)"""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 _CLUSTER_DIR = Path(__file__).resolve().parents[2] / "e2e" / "cluster"
 if str(_CLUSTER_DIR) not in sys.path:
@@ -17,6 +20,15 @@ MODEL = "sim"
 MODEL_NAMESPACE = "node-e2e"
 # The model's engines run the simulator's fast profile this many times slower (10 ms steps).
 STEP_SCALE = 5.0
+
+
+def unavailable(reason: str) -> None:
+    """Skip a test this machine cannot run, with the reason; under CI (the `CI` environment
+    variable set) fail it instead: CI runs where the suite can, so a skip would hide it."""
+    if os.environ.get("CI"):
+        pytest.fail(f"CI is set, and the real-node suite cannot run here: {reason}",
+                    pytrace=False)
+    pytest.skip(reason)
 
 
 def scaled(seconds: float) -> float:
