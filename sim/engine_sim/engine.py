@@ -112,6 +112,7 @@ class Engine:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.counters = Counters()
+        self.cache_resets = 0  # times the whole cache was emptied (not reset with counters)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._on_first_token = on_first_token
@@ -146,6 +147,7 @@ class Engine:
         return n
 
     def _clear_cache(self) -> None:
+        self.cache_resets += 1
         self.cache.clear()
         if self.events is not None:
             self.events.cleared()
