@@ -180,7 +180,8 @@ def build_app(settings: RouterSettings, discovery: Discovery | None = None) -> w
         probes = aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
         await core.start()
         await passthrough.start()
-        health = HealthLoop(settings.health, backends, core.load, core.index, core.metrics, probes)
+        health = HealthLoop(settings.health, backends, core.load, core.index, core.metrics, probes,
+                            on_metrics=core.states.scraped)
 
         def on_change(urls: Sequence[str]) -> None:
             backends.set_members(urls)

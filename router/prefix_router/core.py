@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from .attempt import Ledger, Route
 from .backends import BackendSet
 from .config import RouterSettings
+from .engine_states import EngineStates
 from .index import PrefixIndex
 from .index.factory import Parts, build_index
 from .keying import Keyer
@@ -23,6 +24,7 @@ from .load import LoadTracker
 from .metrics import RouterMetrics
 from .offload import Offload
 from .parsing import ParsedRequest
+from .restarts import RestartDetector
 from .scheduling import Scheduler
 from .scheduling.filters import eligible
 from .scheduling.scorers import Signals
@@ -43,6 +45,7 @@ class RouterCore:
     scheduler: Scheduler
     ledger: Ledger
     offload: Offload
+    states: EngineStates  # each engine's index state; engines found emptied
 
     async def route(self, parsed: ParsedRequest, session: str | None = None) -> Route:
         """`session`: the id the client named its session by (`session_header`)."""
@@ -92,13 +95,20 @@ def build_core(
     offload = Offload()
     keyer = Keyer(sizing, offload, s.max_prompt_tokens, tokenizer)
     index = build_index(Parts(s, store, backends, metrics, sizing, clock))
+    states = EngineStates(index, RestartDetector(clock),
+                          lambda: [b.url for b in backends.all()], metrics.count_drop)
+    metrics.watch_states(states.states)
     signals = Signals(sizing=sizing, sessions=Sessions(s.max_sessions))
     scheduler = Scheduler(s, index, load, metrics, signals, store.requested, rng, clock)
     ledger = Ledger(
         s, backends, load, index, metrics, signals.steps, signals.sessions, keyer,
         holds=scheduler.profile.uses_index, observe=store.observe, clock=clock,
+        evidence=states.answered,
     )
     backends.on_gone(index.drop_backend)
+    backends.on_gone(states.forget)  # a replacement starts a new baseline
     backends.on_gone(load.forget)
     backends.on_gone(signals.steps.forget)  # what was learned of its rhythm goes with it
-    return RouterCore(s, backends, load, metrics, store, index, keyer, scheduler, ledger, offload)
+    return RouterCore(
+        s, backends, load, metrics, store, index, keyer, scheduler, ledger, offload, states
+    )

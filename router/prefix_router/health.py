@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 import aiohttp
 
@@ -54,8 +55,11 @@ class HealthLoop:
         index: PrefixIndex,
         metrics: RouterMetrics,
         session: aiohttp.ClientSession,
+        on_metrics: Callable[[str, bytes], None] | None = None,
     ) -> None:
         self._s = settings
+        # each engine's /metrics page as scraped (engine_states.py reads restarts in it)
+        self._on_metrics = on_metrics
         self._backends = backends
         self._load = load
         self._index = index
@@ -122,7 +126,10 @@ class HealthLoop:
         try:
             async with self._session.get(url + "/metrics", timeout=self._timeout) as r:
                 if r.status == 200:
-                    depth = engine_queue_depth(await r.read())
+                    page = await r.read()
+                    depth = engine_queue_depth(page)
+                    if self._on_metrics is not None:
+                        self._on_metrics(url, page)
                     why = "no running/waiting gauges there"
                 else:
                     why = f"status {r.status}"

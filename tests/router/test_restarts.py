@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prefix_router.restarts import RestartDetector, Vitals, read_vitals
 
-VLLM_PAGE = b"""# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.
+VLLM_PAGE = b"""# HELP process_start_time_seconds Start time of the process since unix epoch.
 # TYPE process_start_time_seconds gauge
 process_start_time_seconds 1.76e+09
 # HELP vllm:engine_sleep_state Engine sleep state

@@ -26,6 +26,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
+from . import DEGRADED
 from .local import LocalIndex
 from .pending import PendingIndex
 
@@ -50,6 +51,7 @@ def build(p: Parts) -> EventsIndex:
     p.backends.on_join(events.join)
     p.backends.on_gone(lambda backend: asyncio.ensure_future(events.leave(backend)))
     index.on_close = events.close
+    index.stream_state, index.streams_warm = events.state, events.warm
     return index
 
 
@@ -68,6 +70,10 @@ class EventsIndex(LocalIndex):
         self.speculative = PendingIndex()  # chains answered whose events have not come yet
         self._speculative_s = speculative_s
         self.on_close: Callable[[], Awaitable[None]] | None = None  # the subscriber's
+        # the subscriber's view of each engine's stream (EXACT or DEGRADED), and whether
+        # every engine's replay was read
+        self.stream_state: Callable[[str], str] = lambda backend: DEGRADED
+        self.streams_warm: Callable[[], bool] = lambda: True
 
     # -- routing and attempts (PrefixIndex) -------------------------------------------------
     async def lookup(self, model: str, hashes: Sequence[int]) -> dict[str, int]:
@@ -96,6 +102,12 @@ class EventsIndex(LocalIndex):
 
     def correct(self, model: str, backend: str, predicted: int, held: int) -> bool:
         return False
+
+    def state(self, backend: str) -> str:
+        return self.stream_state(backend)
+
+    def warm(self) -> bool:
+        return self.streams_warm()
 
     def settle(self, backend: str, model: str, keys: list[int]) -> None:
         """The engine's events said what became of these blocks: no speculative entry of
