@@ -98,6 +98,7 @@ def build_core(
     states = EngineStates(index, RestartDetector(clock),
                           lambda: [b.url for b in backends.all()], metrics.count_drop)
     metrics.watch_states(states.states)
+    store.watch_states(states.counts)
     signals = Signals(sizing=sizing, sessions=Sessions(s.max_sessions))
     scheduler = Scheduler(s, index, load, metrics, signals, store.requested, rng, clock)
     ledger = Ledger(

@@ -12,21 +12,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from .index import DEGRADED, EXACT, PrefixIndex
 from .restarts import RestartDetector, read_vitals
 
 log = logging.getLogger("prefix_router.engine_states")
-
-
-@dataclass(frozen=True, slots=True)
-class StateCounts:
-    """How many engines the index knows in each state."""
-
-    engines: int = 0
-    exact: int = 0
-    degraded: int = 0
 
 
 class EngineStates:
@@ -72,6 +62,7 @@ class EngineStates:
     def states(self) -> dict[str, str]:
         return {b: self.state(b) for b in self._members()}
 
-    def counts(self) -> StateCounts:
+    def counts(self) -> tuple[int, int, int]:
+        """(engines, EXACT, DEGRADED): the figures the operator shows (the rest ESTIMATED)."""
         states = list(self.states().values())
-        return StateCounts(len(states), states.count(EXACT), states.count(DEGRADED))
+        return len(states), states.count(EXACT), states.count(DEGRADED)

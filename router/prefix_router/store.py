@@ -42,6 +42,9 @@ class Store:
     def requested(self, model: str, hashes: list[int]) -> None:
         """A request asked for this chain (the working set the autoscaler reads)."""
 
+    def watch_states(self, read: Callable[[], tuple[int, int, int]]) -> None:
+        """(engines, EXACT, DEGRADED) of the index, read for each publication of figures."""
+
     def stats(self) -> StoreStats:
         return StoreStats()
 

@@ -105,6 +105,9 @@ class SharedStore(Store):
     def requested(self, model: str, hashes: list[int]) -> None:
         self.writes.add_working_set(hashes)
 
+    def watch_states(self, read: Callable[[], tuple[int, int, int]]) -> None:
+        self.figures.states = read
+
     def stats(self) -> StoreStats:
         shared = self.shared
         return StoreStats(
