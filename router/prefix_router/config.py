@@ -115,6 +115,9 @@ class EventSettings(_Strict):
     # long: an engine that never reports a block (its tokens differ from the router's) is
     # not believed to hold it for longer.
     speculative_s: float = Field(default=10.0, gt=0)
+    # A router that starts reports ready once it has read every joined engine's replay (it
+    # routes its first requests on the fleet's caches), or after this long whatever came.
+    ready_wait_s: float = Field(default=10.0, ge=0)
 
 
 class HealthSettings(_Strict):
