@@ -135,6 +135,9 @@ async def test_answers_far_below_prediction_in_a_row_drop_the_entries(fleet: Fle
     assert not core.states.dropped
     assert await serve(client, chat(rest[0])) == backend
     assert core.states.state(backend) == DEGRADED  # a restart suspected
+    page = await (await client.get("/metrics")).text()
+    assert sample_sum(page, "prefix_router_index_state", backend=backend, state=DEGRADED) == 1
+    assert sample_sum(page, "prefix_router_index_state", backend=backend, state=ESTIMATED) == 0
     assert await serve(client, chat(rest[1])) == backend
     assert core.states.dropped == [(backend, "shortfall")]
     for i in rest[2:]:

@@ -525,3 +525,16 @@ async def test_a_new_router_serves_its_first_requests_with_the_fleets_index(redi
             await new.close()
     finally:
         await old.close()
+
+
+async def test_figures_say_how_the_index_knows_the_engines(redis_server):
+    async with pair(redis_server.url) as (_clock, a, _b, la, _lb):
+        scheduler(a, la, [f"http://e{i}" for i in range(3)])  # wires its states into `a`
+        await a.publish()
+        r = aioredis.from_url(redis_server.url, decode_responses=True)
+        fig = RouterFigures.from_hash(await r.hgetall("prefixrouter:ns/m:router:ra"))
+        await r.aclose()
+        # decisions on a reachable store: every engine ESTIMATED
+        assert (fig.engines, fig.engines_exact, fig.engines_degraded) == (3, 0, 0)
+        st = aggregate([fig], now=time.time(), ready_replicas=3, kv_capacity_tokens=800)
+        assert st.as_status("T")["indexExact"] == "0/3"
