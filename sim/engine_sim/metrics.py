@@ -70,6 +70,13 @@ class EngineMetrics:
         self.preemptions = Counter(
             "vllm:num_preemptions", "Requests preempted (recompute)", labels, registry=r
         )
+        self.sleep_state = Gauge(
+            "vllm:engine_sleep_state", "Engine sleep state (1 on the state it is in)",
+            ["model_name", "sleep_state"], registry=r,
+        )
+        for i, state in enumerate(("awake", "weights_offloaded", "discard_all")):
+            self.sleep_state.labels(model, state).set_function(
+                lambda i=i: 1.0 if engine.sleep_level == i else 0.0)
         self.decode_steps = Gauge(
             "engine_sim_decode_steps", "Engine steps that only decoded", registry=r
         )

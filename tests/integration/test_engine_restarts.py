@@ -143,3 +143,23 @@ async def test_answers_far_below_prediction_in_a_row_drop_the_entries(fleet: Fle
     for i in rest[2:]:
         assert backend not in await holders(core, chat(i))
     assert core.states.state(backend) == ESTIMATED
+
+
+async def test_an_engine_put_to_sleep_is_dropped_and_degraded_until_it_wakes(fleet: Fleet,
+                                                                            routed):
+    client, core, _sims = routed
+    placed = await place(client, core, 6)
+    backend = max(placed, key=lambda b: len(placed[b]))
+    await waiting.until(lambda: core.states.state(backend) == ESTIMATED, 30, "a first scrape")
+    async with ClientSession() as s:
+        async with s.post(backend + "/sleep?level=1") as r:
+            assert r.status == 200
+        await waiting.until(lambda: (backend, "sleep") in core.states.dropped, 60,
+                            "the sleep detected")  # fmt: skip
+        assert core.states.state(backend) == DEGRADED
+        for i in placed[backend]:
+            assert backend not in await holders(core, chat(i))
+        async with s.post(backend + "/wake_up") as r:
+            assert r.status == 200
+    await waiting.until(lambda: (backend, "wake") in core.states.dropped, 60, "the wake")
+    assert core.states.state(backend) == ESTIMATED

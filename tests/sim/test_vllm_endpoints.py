@@ -179,3 +179,29 @@ async def test_metrics_show_a_restart_and_a_cache_reset(fleet: Fleet) -> None:
     await fleet.restart(sim)
     after = await vitals()
     assert after.started is not None and after.started > before.started
+
+
+async def test_sleep_discards_the_cache_and_shows_in_the_sleep_state(fleet: Fleet) -> None:
+    from prefix_router.restarts import read_vitals
+
+    sim = await start_sim(fleet)
+    async with aiohttp.ClientSession() as s:
+
+        async def vitals():
+            async with s.get(sim.url + "/metrics") as r:
+                return read_vitals(await r.read())
+
+        async def sleeping() -> bool:
+            async with s.get(sim.url + "/is_sleeping") as r:
+                return (await r.json())["is_sleeping"]
+
+        assert (await vitals()).awake == 1 and not await sleeping()
+        async with s.post(sim.url + "/sleep?level=1") as r:
+            assert r.status == 200
+        v = await vitals()
+        assert (v.awake, v.resets) == (0, 1) and await sleeping()
+        async with s.post(sim.url + "/sleep?level=3") as r:
+            assert r.status == 400
+        async with s.post(sim.url + "/wake_up") as r:
+            assert r.status == 200
+        assert (await vitals()).awake == 1 and not await sleeping()
