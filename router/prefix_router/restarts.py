@@ -11,9 +11,11 @@ these signs says it is empty now:
             levels discard the KV cache (the engine is DEGRADED while it sleeps)
   reset     a prefix-cache reset counter grew (the simulator's; vLLM exports none: checked
             against vllm/v1/metrics/loggers.py)
-  shortfall the engine reported cached tokens far below the index's prediction on several
-            answers in a row (`streak`, within `window_s` of each other): what an engine that
-            only lost part of its cache to eviction does not do on hit after hit
+  shortfall the engine reported cached tokens far below the index's prediction on most of
+            its last answers (`streak` of the last `among`, within `window_s`): what an engine
+            that only lost its coldest blocks to eviction does not do. Not strictly in a row:
+            after a reset the engine computes again what it is asked first, so a hot prefix's
+            next request is a hit between the misses of the others
 The first scrape of an engine only sets its baseline: a router that starts knows nothing to
 drop.
 """
@@ -21,6 +23,7 @@ drop.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -77,7 +80,8 @@ def read_vitals(text: bytes) -> Vitals:
 @dataclass(slots=True)
 class _Engine:
     vitals: Vitals | None = None
-    streak: list[float] = field(default_factory=list)  # times of shortfalls in a row
+    # (time, short) of the last answers that predicted enough to say anything
+    answers: deque[tuple[float, bool]] = field(default_factory=lambda: deque(maxlen=16))
     detected: int = 0
 
 
@@ -85,8 +89,9 @@ class RestartDetector:
     """Per engine: its last vitals and its run of answers far below prediction.
 
     `shortfall`: an answer holding at most this share of the predicted blocks is short;
-    predictions under `min_blocks` say too little to count either way. `suspect_after`
-    shortfalls in a row make the engine suspected (DEGRADED) before `streak` drop it.
+    predictions under `min_blocks` say too little to count either way. `streak` short answers
+    among the last `among` drop the engine's entries; `suspect_after` of them make it suspected
+    (DEGRADED) before that.
     """
 
     def __init__(
@@ -94,6 +99,7 @@ class RestartDetector:
         clock: Callable[[], float] = time.monotonic,
         *,
         streak: int = 3,
+        among: int = 5,
         suspect_after: int = 2,
         shortfall: float = 0.25,
         min_blocks: int = 2,
@@ -101,6 +107,7 @@ class RestartDetector:
     ) -> None:
         self._clock = clock
         self._streak = streak
+        self._among = max(among, streak)
         self._suspect_after = suspect_after
         self._shortfall = shortfall
         self._min_blocks = min_blocks
@@ -115,7 +122,7 @@ class RestartDetector:
             return None
         why = _changed(before, now)
         if why is not None:
-            e.streak.clear()
+            e.answers.clear()
             e.detected += 1
         return why
 
@@ -124,17 +131,18 @@ class RestartDetector:
         if predicted < self._min_blocks:
             return None
         e = self._engines.setdefault(backend, _Engine())
-        if held > predicted * self._shortfall:
-            e.streak.clear()
+        e.answers.append((self._clock(), held <= predicted * self._shortfall))
+        if self._short(e) < self._streak:
             return None
-        now = self._clock()
-        e.streak = [t for t in e.streak if now - t <= self._window_s]
-        e.streak.append(now)
-        if len(e.streak) < self._streak:
-            return None
-        e.streak.clear()
+        e.answers.clear()
         e.detected += 1
         return "shortfall"
+
+    def _short(self, e: _Engine) -> int:
+        """Short answers among the last `among`, within the window."""
+        now = self._clock()
+        last = list(e.answers)[-self._among :]
+        return sum(1 for t, short in last if short and now - t <= self._window_s)
 
     def suspected(self, backend: str) -> bool:
         """Asleep, or most of a shortfall streak seen (and recent)."""
@@ -143,9 +151,7 @@ class RestartDetector:
             return False
         if e.vitals is not None and e.vitals.awake == 0:
             return True
-        now = self._clock()
-        recent = [t for t in e.streak if now - t <= self._window_s]
-        return len(recent) >= self._suspect_after
+        return self._short(e) >= self._suspect_after
 
     def detected(self, backend: str) -> int:
         e = self._engines.get(backend)

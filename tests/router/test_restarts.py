@@ -96,14 +96,21 @@ def test_shortfalls_in_a_row_are_a_reset() -> None:
     assert d.detected("a") == 1
 
 
-def test_a_good_answer_ends_the_streak() -> None:
-    d = RestartDetector(Clock(), streak=3)
+def test_good_answers_between_thin_the_streak() -> None:
+    d = RestartDetector(Clock(), streak=3, among=5)
     d.answered("a", 8, 0)
+    d.answered("a", 8, 8)  # a hot prefix, computed again since: a hit between the misses
     d.answered("a", 8, 0)
-    assert d.answered("a", 8, 6) is None  # most of it held: eviction, not an empty engine
-    assert d.answered("a", 8, 0) is None
-    assert d.answered("a", 8, 0) is None
-    assert d.answered("a", 8, 0) == "shortfall"
+    d.answered("a", 8, 6)  # most of it held: eviction, not an empty engine
+    assert d.answered("a", 8, 0) == "shortfall"  # 3 of the last 5
+
+
+def test_misses_scattered_among_hits_are_no_streak() -> None:
+    d = RestartDetector(Clock(), streak=3, among=5)
+    for _ in range(4):
+        assert d.answered("a", 8, 0) is None
+        for _ in range(3):
+            assert d.answered("a", 8, 8) is None
 
 
 def test_small_predictions_neither_count_nor_break() -> None:
