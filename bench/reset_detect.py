@@ -8,8 +8,10 @@ workload `system-prompts` at --rate. A third of the way in, the engine that serv
 so far is emptied in place: its prefix cache reset (/reset_prefix_cache), the process killed
 and started again on its port, or put to sleep. The figure is the time from that event to the
 router's drop of its entries (prefix_router_engine_cache_drops_total, polled every 50 ms), and
-the signal that fired. --signal answers: the router scrapes no /metrics after its first, so only
-the answers' cached tokens (far below prediction several times in a row) can tell.
+the signal that fired (`ejected`: the router took it out of rotation first, which drops its
+entries as well; for a restart, the time includes the new process's start).
+--signal answers: the router scrapes no /metrics after its first, so only the answers' cached
+tokens (far below prediction on most of the last few) can tell.
 """
 
 from __future__ import annotations
@@ -40,10 +42,14 @@ REASONS = ("restart", "reset", "sleep", "wake", "shortfall")
 
 
 async def drops(http: aiohttp.ClientSession, router: str, backend: str) -> dict[str, float]:
+    """The router's drops of the backend's entries so far, by reason; `ejected`: 1 while it
+    is out of rotation (an ejection drops its entries too: backends.py)."""
     async with http.get(router + "/metrics") as r:
         page = await r.text()
-    return {why: sample_sum(page, "prefix_router_engine_cache_drops_total", backend=backend,
-                            reason=why) for why in REASONS}  # fmt: skip
+    out = {why: sample_sum(page, "prefix_router_engine_cache_drops_total", backend=backend,
+                           reason=why) for why in REASONS}  # fmt: skip
+    out["ejected"] = 1 - sample_sum(page, "prefix_router_backend_healthy", backend=backend)
+    return out
 
 
 async def busiest(http: aiohttp.ClientSession, sims: list[Proc]) -> Proc:
@@ -89,7 +95,7 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
             deadline = t0 + a.seconds
             while time.monotonic() < deadline:
                 now = await drops(http, router.url, target.url)
-                fired = [why for why in REASONS if now[why] > before[why]]
+                fired = [why for why in (*REASONS, "ejected") if now[why] > before[why]]
                 if fired:
                     detected, reason = round(time.monotonic() - t0, 3), fired[0]
                     break
