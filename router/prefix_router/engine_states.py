@@ -39,13 +39,14 @@ class EngineStates:
         if why is not None:
             self._drop(backend, why)
 
-    def answered(self, backend: str, predicted: int, held: int) -> None:
-        """An answer's evidence in blocks: held of the predicted leading blocks. Not taken
+    def answered(self, backend: str, prefix: int, predicted: int, held: int) -> None:
+        """An answer's evidence in blocks: held of the predicted leading blocks of the prefix
+        (its first block's hash). Not taken
         where the engine's KV events say what it holds (EXACT): they are better evidence,
         and a shortfall there is the router's own speculative entry, not a lost cache."""
         if self._index.state(backend) == EXACT:
             return
-        why = self._detector.answered(backend, predicted, held)
+        why = self._detector.answered(backend, prefix, predicted, held)
         if why is not None:
             self._drop(backend, why)
 

@@ -11,11 +11,11 @@ these signs says it is empty now:
             levels discard the KV cache (the engine is DEGRADED while it sleeps)
   reset     a prefix-cache reset counter grew (the simulator's; vLLM exports none: checked
             against vllm/v1/metrics/loggers.py)
-  shortfall the engine reported cached tokens far below the index's prediction on most of
-            its last answers (`streak` of the last `among`, within `window_s`): what an engine
-            that only lost its coldest blocks to eviction does not do. Not strictly in a row:
-            after a reset the engine computes again what it is asked first, so a hot prefix's
-            next request is a hit between the misses of the others
+  shortfall the engine reported cached tokens far below the index's prediction for
+            `streak` prefixes in a row (within `window_s`): what an engine that only lost its
+            coldest blocks to eviction does not do. A hit on a prefix that fell short since
+            does not break the run: after a reset the engine computes again what it is asked
+            first, so a hot prefix's next requests are hits between the others' misses
 The first scrape of an engine only sets its baseline: a router that starts knows nothing to
 drop.
 """
@@ -23,7 +23,6 @@ drop.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -80,8 +79,10 @@ def read_vitals(text: bytes) -> Vitals:
 @dataclass(slots=True)
 class _Engine:
     vitals: Vitals | None = None
-    # (time, short) of the last answers that predicted enough to say anything
-    answers: deque[tuple[float, bool]] = field(default_factory=lambda: deque(maxlen=16))
+    run: list[float] = field(default_factory=list)  # times of the shortfalls in a row
+    # prefix (its first block) -> when it fell short: computed again since, its hits say
+    # nothing of what the engine kept
+    short: dict[int, float] = field(default_factory=dict)
     detected: int = 0
 
 
@@ -89,9 +90,9 @@ class RestartDetector:
     """Per engine: its last vitals and its run of answers far below prediction.
 
     `shortfall`: an answer holding at most this share of the predicted blocks is short;
-    predictions under `min_blocks` say too little to count either way. `streak` short answers
-    among the last `among` drop the engine's entries; `suspect_after` of them make it suspected
-    (DEGRADED) before that.
+    predictions under `min_blocks` say too little to count either way. `streak` shortfalls in
+    a row drop the engine's entries; `suspect_after` of them make it suspected (DEGRADED)
+    before that.
     """
 
     def __init__(
@@ -99,7 +100,6 @@ class RestartDetector:
         clock: Callable[[], float] = time.monotonic,
         *,
         streak: int = 3,
-        among: int = 5,
         suspect_after: int = 2,
         shortfall: float = 0.25,
         min_blocks: int = 2,
@@ -107,7 +107,6 @@ class RestartDetector:
     ) -> None:
         self._clock = clock
         self._streak = streak
-        self._among = max(among, streak)
         self._suspect_after = suspect_after
         self._shortfall = shortfall
         self._min_blocks = min_blocks
@@ -122,27 +121,34 @@ class RestartDetector:
             return None
         why = _changed(before, now)
         if why is not None:
-            e.answers.clear()
+            e.run.clear()
+            e.short.clear()
             e.detected += 1
         return why
 
-    def answered(self, backend: str, predicted: int, held: int) -> str | None:
-        """An answer's evidence in blocks: 'shortfall' when it completes a streak."""
+    def answered(self, backend: str, prefix: int, predicted: int, held: int) -> str | None:
+        """An answer's evidence in blocks for the prefix (its first block's hash): 'shortfall'
+        when it completes a streak."""
         if predicted < self._min_blocks:
             return None
         e = self._engines.setdefault(backend, _Engine())
-        e.answers.append((self._clock(), held <= predicted * self._shortfall))
-        if self._short(e) < self._streak:
+        now = self._clock()
+        e.run = [t for t in e.run if now - t <= self._window_s]
+        if len(e.short) > 4 * self._streak:
+            e.short = {p: t for p, t in e.short.items() if now - t <= self._window_s}
+        if held > predicted * self._shortfall:
+            at = e.short.get(prefix)
+            if at is None or now - at > self._window_s:
+                e.run.clear()  # the engine kept a prefix: not emptied
             return None
-        e.answers.clear()
+        e.short[prefix] = now
+        e.run.append(now)
+        if len(e.run) < self._streak:
+            return None
+        e.run.clear()
+        e.short.clear()
         e.detected += 1
         return "shortfall"
-
-    def _short(self, e: _Engine) -> int:
-        """Short answers among the last `among`, within the window."""
-        now = self._clock()
-        last = list(e.answers)[-self._among :]
-        return sum(1 for t, short in last if short and now - t <= self._window_s)
 
     def suspected(self, backend: str) -> bool:
         """Asleep, or most of a shortfall streak seen (and recent)."""
@@ -151,7 +157,8 @@ class RestartDetector:
             return False
         if e.vitals is not None and e.vitals.awake == 0:
             return True
-        return self._short(e) >= self._suspect_after
+        now = self._clock()
+        return sum(1 for t in e.run if now - t <= self._window_s) >= self._suspect_after
 
     def detected(self, backend: str) -> int:
         e = self._engines.get(backend)

@@ -29,10 +29,10 @@ async def test_a_new_start_time_drops_that_engine_alone(make_core) -> None:
 async def test_shortfalls_make_an_engine_suspect_then_drop_it(make_core) -> None:
     core = make_core([A, B], 100_000, index="corrected")
     core.index.own("m", list(range(1, 11)), A)
-    core.states.answered(A, 10, 0)
-    core.states.answered(A, 10, 1)
+    core.states.answered(A, 1, 10, 0)
+    core.states.answered(A, 2, 10, 1)
     assert core.states.state(A) == DEGRADED and core.states.counts() == (2, 0, 1)
-    core.states.answered(A, 10, 0)
+    core.states.answered(A, 3, 10, 0)
     assert core.states.dropped == [(A, "shortfall")]
     assert await core.index.lookup("m", list(range(1, 11))) == {}
     assert core.states.state(A) == ESTIMATED

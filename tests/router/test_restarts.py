@@ -87,54 +87,63 @@ def test_sleep_and_wake_each_empty_the_cache_and_sleep_is_suspect() -> None:
 def test_shortfalls_in_a_row_are_a_reset() -> None:
     clock = Clock()
     d = RestartDetector(clock, streak=3, suspect_after=2, shortfall=0.25, min_blocks=2)
-    assert d.answered("a", 8, 0) is None
+    assert d.answered("a", 1, 8, 0) is None
     assert not d.suspected("a")
-    assert d.answered("a", 8, 2) is None  # 2 <= 8 x 0.25: short too
+    assert d.answered("a", 2, 8, 2) is None  # 2 <= 8 x 0.25: short too
     assert d.suspected("a")
-    assert d.answered("a", 8, 1) == "shortfall"
-    assert not d.suspected("a")  # dropped: the streak starts over
+    assert d.answered("a", 3, 8, 1) == "shortfall"
+    assert not d.suspected("a")  # dropped: the run starts over
     assert d.detected("a") == 1
 
 
-def test_good_answers_between_thin_the_streak() -> None:
-    d = RestartDetector(Clock(), streak=3, among=5)
-    d.answered("a", 8, 0)
-    d.answered("a", 8, 8)  # a hot prefix, computed again since: a hit between the misses
-    d.answered("a", 8, 0)
-    d.answered("a", 8, 6)  # most of it held: eviction, not an empty engine
-    assert d.answered("a", 8, 0) == "shortfall"  # 3 of the last 5
+def test_a_prefix_the_engine_kept_ends_the_run() -> None:
+    d = RestartDetector(Clock(), streak=3)
+    d.answered("a", 1, 8, 0)
+    d.answered("a", 2, 8, 0)
+    assert d.answered("a", 3, 8, 6) is None  # most of it held: eviction, not an empty engine
+    assert d.answered("a", 4, 8, 0) is None
+    assert d.answered("a", 5, 8, 0) is None
+    assert d.answered("a", 6, 8, 0) == "shortfall"
 
 
-def test_misses_scattered_among_hits_are_no_streak() -> None:
-    d = RestartDetector(Clock(), streak=3, among=5)
-    for _ in range(4):
-        assert d.answered("a", 8, 0) is None
-        for _ in range(3):
-            assert d.answered("a", 8, 8) is None
+def test_hits_on_prefixes_computed_again_since_do_not_end_the_run() -> None:
+    """After a reset the hot prefix misses once, is computed again, and hits between the
+    other prefixes' misses: those hits say nothing of what the engine kept."""
+    d = RestartDetector(Clock(), streak=3)
+    assert d.answered("a", 1, 8, 0) is None
+    for _ in range(5):
+        assert d.answered("a", 1, 8, 8) is None
+    assert d.answered("a", 2, 8, 0) is None
+    assert d.answered("a", 1, 8, 8) is None
+    assert d.answered("a", 3, 8, 0) == "shortfall"
 
 
 def test_small_predictions_neither_count_nor_break() -> None:
     d = RestartDetector(Clock(), streak=2, min_blocks=4)
-    assert d.answered("a", 8, 0) is None
-    assert d.answered("a", 3, 3) is None  # too small to say anything
-    assert d.answered("a", 8, 0) == "shortfall"
+    assert d.answered("a", 1, 8, 0) is None
+    assert d.answered("a", 2, 3, 3) is None  # too small to say anything
+    assert d.answered("a", 3, 8, 0) == "shortfall"
 
 
 def test_shortfalls_far_apart_are_not_a_streak() -> None:
     clock = Clock()
     d = RestartDetector(clock, streak=2, suspect_after=1, window_s=30.0)
-    d.answered("a", 8, 0)
+    d.answered("a", 1, 8, 0)
     assert d.suspected("a")
     clock.t += 31.0
     assert not d.suspected("a")
-    assert d.answered("a", 8, 0) is None  # the first one is too old to count
+    assert d.answered("a", 2, 8, 0) is None  # the first one is too old to count
+    clock.t += 31.0
+    d.answered("a", 3, 8, 0)
+    assert d.answered("a", 1, 8, 8) is None  # its shortfall is too old: a prefix kept
+    assert d.answered("a", 4, 8, 0) is None
 
 
 def test_engines_are_apart_and_forgotten() -> None:
     d = RestartDetector(Clock(), streak=2)
-    d.answered("a", 8, 0)
-    assert d.answered("b", 8, 0) is None
+    d.answered("a", 1, 8, 0)
+    assert d.answered("b", 2, 8, 0) is None
     d.scraped("a", Vitals(started=1.0))
     d.forget("a")
     assert d.scraped("a", Vitals(started=2.0)) is None  # a new baseline
-    assert d.answered("a", 8, 0) is None
+    assert d.answered("a", 3, 8, 0) is None
