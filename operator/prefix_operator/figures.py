@@ -28,6 +28,11 @@ class Totals:
     working_set_tokens: float
     in_flight: float
     updated_at: float  # the newest publication, unix seconds
+    # the engines and how the index knows them, as the router that knows least says: a
+    # router that knows an engine only by estimate is the one a request may meet
+    engines: int = 0
+    exact: int = 0
+    degraded: int = 0
 
 
 def totals(published: Sequence[RouterFigures], *, now: float,
@@ -46,7 +51,28 @@ def totals(published: Sequence[RouterFigures], *, now: float,
         # Each router counts only the requests passing through itself: these add up.
         in_flight=sum(f.in_flight for f in fresh),
         updated_at=max(f.updated_at for f in fresh),
+        engines=int(max(f.engines for f in fresh)),
+        exact=int(min(f.engines_exact for f in fresh)),
+        degraded=int(max(f.engines_degraded for f in fresh)),
     )
+
+
+@dataclass(frozen=True)
+class IndexStates:
+    """How much of the fleet the routers' index knows exactly (index/__init__.py states)."""
+
+    engines: int
+    exact: int
+    degraded: int
+
+    def as_status(self) -> dict[str, object]:
+        return {
+            "engines": self.engines,
+            "exactEngines": self.exact,
+            "estimatedEngines": max(self.engines - self.exact - self.degraded, 0),
+            "degradedEngines": self.degraded,
+            "indexExact": f"{self.exact}/{self.engines}",  # the printer column
+        }
 
 
 @dataclass(frozen=True)
@@ -57,9 +83,12 @@ class Figures:
     hit_rate: float | None
     cache_pressure: float | None
     load: float | None
+    index: IndexStates | None = None
 
     def as_status(self, updated_at: str) -> dict[str, object]:
         out: dict[str, object] = {"routers": self.routers, "updatedAt": updated_at}
+        if self.index is not None:
+            out.update(self.index.as_status())
         if self.hit_rate is not None:
             out["hitRate"] = self.hit_rate
         if self.cache_pressure is not None:
@@ -82,4 +111,5 @@ def aggregate(published: Sequence[RouterFigures], *, now: float, ready_replicas:
         hit_rate=round(t.cached_tokens / t.prompt_tokens, 3) if t.prompt_tokens > 0 else None,
         cache_pressure=round(t.working_set_tokens / capacity, 3) if capacity > 0 else None,
         load=round(t.in_flight / ready_replicas, 3) if ready_replicas > 0 else None,
+        index=IndexStates(t.engines, t.exact, t.degraded) if t.engines > 0 else None,
     )

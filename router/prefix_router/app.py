@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import aiohttp
@@ -37,6 +38,8 @@ CORE: web.AppKey[RouterCore] = web.AppKey("core", RouterCore)
 UPSTREAM = web.AppKey("upstream", UpstreamClient)
 DRAINING: web.AppKey[asyncio.Event] = web.AppKey("draining", asyncio.Event)
 PASSTHROUGH: web.AppKey[Passthrough] = web.AppKey("passthrough", Passthrough)
+# time.monotonic() when the router started serving: its index's warm-up is bounded from it
+STARTED: web.AppKey[float] = web.AppKey("started", float)
 
 
 def make_discovery(s: RouterSettings) -> Discovery:
@@ -159,9 +162,15 @@ async def readyz(request: web.Request) -> web.Response:
     core = request.app[CORE]
     healthy = len(core.backends.healthy())
     draining = request.app[DRAINING].is_set()
+    # a new replica routes its first request on the fleet's caches: with KV events, once it
+    # read every engine's replay, bounded (an engine whose replay never answers waits no one)
+    started = request.app.get(STARTED)
+    waited = started is not None and time.monotonic() - started >= core.settings.events.ready_wait_s
+    warm = core.index.warm() or waited
     body = {
-        "ready": healthy > 0 and not draining,
+        "ready": healthy > 0 and not draining and warm,
         "draining": draining,
+        "index": "warm" if warm else "warming",
         "backends": len(core.backends.all()),
         "healthy_backends": healthy,
         "store": "degraded" if core.store.stats().degraded else "ok",
@@ -204,12 +213,14 @@ def build_app(settings: RouterSettings, discovery: Discovery | None = None) -> w
         probes = aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
         await core.start()
         await passthrough.start()
-        health = HealthLoop(settings.health, backends, core.load, core.index, core.metrics, probes)
+        health = HealthLoop(settings.health, backends, core.load, core.index, core.metrics, probes,
+                            on_metrics=core.states.scraped)
 
         def on_change(urls: Sequence[str]) -> None:
             backends.set_members(urls)
 
         await the_discovery.start(on_change)
+        app[STARTED] = time.monotonic()
         await health.probe_once()
         health.start()
         try:

@@ -75,6 +75,10 @@ class Ledger:
     clock: Callable[[], float] = time.monotonic
     # a stored Responses API response's id and its engine (core.py)
     remember_response: Callable[[str, str], None] | None = None
+    # (backend, the prompt's first block, predicted blocks, held blocks) of each answer that
+    # reported its cached tokens: an engine far below prediction on prefix after prefix came
+    # back empty (engine_states.py)
+    evidence: Callable[[str, int, int, int], None] | None = None
 
 
 class Attempt:
@@ -216,6 +220,8 @@ class Attempt:
         if backend != d.backend:
             return
         matched, held = sizing.evidence(d.matched_blocks, prompt, cached)
+        if led.evidence is not None and r.hashes:
+            led.evidence(backend, r.hashes[0], matched, held)
         if held != matched and led.index.correct(r.parsed.model, backend, matched, held):
             led.metrics.count_correction("over" if held < matched else "under")
 

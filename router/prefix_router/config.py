@@ -125,6 +125,9 @@ class EventSettings(_Strict):
     # connector (H100, "2-22x faster time-to-first-token": blog.vllm.ai/2026/01/08/
     # kv-offloading-connector.html): a load costs at least that share of the prefill.
     tier_costs: dict[str, float] = Field(default_factory=lambda: {"CPU": 1 / 22})
+    # A router that starts reports ready once it has read every joined engine's replay (it
+    # routes its first requests on the fleet's caches), or after this long whatever came.
+    ready_wait_s: float = Field(default=10.0, ge=0)
 
 
 class HealthSettings(_Strict):

@@ -126,6 +126,11 @@ class RouterFigures:
     working_set_tokens: float = 0.0  # the model-wide working set (the shared count)
     in_flight: float = 0.0  # requests in flight through this router now
     updated_at: float = 0.0  # unix seconds of the publication
+    # the engines this router routes to, by how its index knows them (index/__init__.py):
+    # EXACT (KV events in sequence) and DEGRADED; the rest are ESTIMATED
+    engines: float = 0.0
+    engines_exact: float = 0.0
+    engines_degraded: float = 0.0
 
     def as_hash(self) -> dict[str, float]:
         return asdict(self)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from .attempt import Ledger, Route
 from .backends import BackendSet
 from .config import RouterSettings
+from .engine_states import EngineStates
 from .errors import RequestError
 from .index import PrefixIndex
 from .index.factory import Parts, build_index
@@ -26,6 +27,7 @@ from .offload import Offload
 from .parsing import ParsedRequest
 from .prefix import chain_seed
 from .response_ids import Holders, ResponseIds
+from .restarts import RestartDetector
 from .scheduling import Decision, Scheduler
 from .scheduling.filters import eligible
 from .scheduling.scorers import Signals
@@ -47,6 +49,7 @@ class RouterCore:
     ledger: Ledger
     offload: Offload
     responses: Holders  # which engine holds each stored Responses API response
+    states: EngineStates  # each engine's index state; engines found emptied
 
     async def route(self, parsed: ParsedRequest, session: str | None = None) -> Route:
         """`session`: the id the client named its session by (`session_header`)."""
@@ -120,6 +123,10 @@ def build_core(
     offload = Offload()
     keyer = Keyer(sizing, offload, s.max_prompt_tokens, tokenizer)
     index = build_index(Parts(s, store, backends, metrics, sizing, clock))
+    states = EngineStates(index, RestartDetector(clock),
+                          lambda: [b.url for b in backends.all()], metrics.count_drop)
+    metrics.watch_states(states.states)
+    store.watch_states(states.counts)
     signals = Signals(sizing=sizing, sessions=Sessions(s.max_sessions))
     scheduler = Scheduler(s, index, load, metrics, signals, store.requested, rng, clock)
     responses = Holders(
@@ -129,10 +136,13 @@ def build_core(
         s, backends, load, index, metrics, signals.steps, signals.sessions, keyer,
         holds=scheduler.profile.uses_index, observe=store.observe, clock=clock,
         remember_response=responses.remember,
+        evidence=states.answered,
     )
     backends.on_gone(index.drop_backend)
+    backends.on_gone(states.forget)  # a replacement starts a new baseline
     backends.on_gone(load.forget)
     backends.on_gone(signals.steps.forget)  # what was learned of its rhythm goes with it
     return RouterCore(
-        s, backends, load, metrics, store, index, keyer, scheduler, ledger, offload, responses
+        s, backends, load, metrics, store, index, keyer, scheduler, ledger, offload, responses,
+        states,
     )

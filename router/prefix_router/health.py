@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 import aiohttp
 
@@ -64,8 +65,11 @@ class HealthLoop:
         index: PrefixIndex,
         metrics: RouterMetrics,
         session: aiohttp.ClientSession,
+        on_metrics: Callable[[str, bytes], None] | None = None,
     ) -> None:
         self._s = settings
+        # each engine's /metrics page as scraped (engine_states.py reads restarts in it)
+        self._on_metrics = on_metrics
         self._backends = backends
         self._load = load
         self._index = index
@@ -135,8 +139,11 @@ class HealthLoop:
         try:
             async with self._session.get(url + "/metrics", timeout=self._timeout) as r:
                 if r.status == 200:
-                    depth, progress = engine_figures(await r.read())
+                    page = await r.read()
+                    depth, progress = engine_figures(page)
                     read = True
+                    if self._on_metrics is not None:
+                        self._on_metrics(url, page)
                     why = "no running/waiting gauges there"
                 else:
                     why = f"status {r.status}"

@@ -92,6 +92,27 @@ class _KvEvents(Collector):
             "restarted, or events were lost beyond its replay buffer", value=resets)
 
 
+class _IndexStates(Collector):
+    """Each engine's index state (index/__init__.py) as of a scrape: 1 on its state, 0 on the
+    others, so a query can count the engines known EXACT, ESTIMATED or DEGRADED."""
+
+    def __init__(self) -> None:
+        self.read: Callable[[], dict[str, str]] | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        from .index import STATES
+
+        g = GaugeMetricFamily(
+            "prefix_router_index_state", "how the index knows an engine's entries: EXACT (KV "
+            "events in sequence), ESTIMATED (routing decisions, corrected by reported cached "
+            "tokens), DEGRADED (an events gap, a restart suspected, the store unreachable)",
+            labels=["backend", "state"])  # fmt: skip
+        for backend, state in (self.read() if self.read is not None else {}).items():
+            for s in STATES:
+                g.add_metric([backend, s], 1.0 if s == state else 0.0)
+        yield g
+
+
 class RouterMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
@@ -210,6 +231,16 @@ class RouterMetrics:
         r.register(self._working_set)
         self._events = _KvEvents()
         r.register(self._events)
+        self._states = _IndexStates()
+        r.register(self._states)
+        self.engine_drops = Counter(
+            "prefix_router_engine_cache_drops",
+            "Times an engine was found emptied behind its address (restart: a new process; "
+            "sleep/wake; reset: its cache reset; shortfall: answers far below the prediction "
+            "in a row) and its index entries dropped",
+            ["backend", "reason"],
+            registry=r,
+        )
         self._prompt_sum = 0.0
         self._pred_sum = 0.0
         self._children: dict[tuple[int | str, ...], object] = {}
@@ -251,6 +282,13 @@ class RouterMetrics:
         self.store_budget.set(stats.budget_s)
         # None: unknown, and the series shows no sample until a count comes
         self._working_set.tokens = stats.working_set_tokens
+
+    def watch_states(self, read: Callable[[], dict[str, str]]) -> None:
+        """Show each engine's index state, as `read` tells at a scrape."""
+        self._states.read = read
+
+    def count_drop(self, backend: str, reason: str) -> None:
+        self.engine_drops.labels(backend, reason).inc()
 
     def watch_events(self, read: Callable[[], EventStats]) -> None:
         """Show the engines' KV-event streams (index: events), as `read` tells at a scrape."""

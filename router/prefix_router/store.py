@@ -48,6 +48,8 @@ class Store:
     async def response_holder(self, id_hash: int) -> str | None:
         """The engine another router saw store this response (None: none did)."""
         return None
+    def watch_states(self, read: Callable[[], tuple[int, int, int]]) -> None:
+        """(engines, EXACT, DEGRADED) of the index, read for each publication of figures."""
 
     def stats(self) -> StoreStats:
         return StoreStats()

@@ -139,6 +139,8 @@ class Engine:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.counters = Counters()
+        self.cache_resets = 0  # times the whole cache was emptied (not reset with counters)
+        self.sleep_level = 0  # vLLM's sleep mode: 0 awake, 1 weights offloaded, 2 discarded
         self._wake = asyncio.Event()
         # A fault: while cleared the engine takes requests and steps no more (its /health and
         # /metrics still answer), as a wedged GPU worker behind a live API server looks.
@@ -178,7 +180,20 @@ class Engine:
         self._wake.set()
         return n
 
+    def sleep(self, level: int) -> None:
+        """vLLM's sleep mode: both levels discard the KV cache (level 1 offloads the weights,
+        level 2 discards them too); what was running is recomputed after wake_up."""
+        if level not in (1, 2):
+            raise ValueError("level must be 1 or 2")
+        if not self.sleep_level:
+            self.reset_prefix_cache()
+        self.sleep_level = level
+
+    def wake_up(self) -> None:
+        self.sleep_level = 0
+
     def _clear_cache(self) -> None:
+        self.cache_resets += 1
         self.cache.clear()
         if self.window is not None:
             self.window.clear()

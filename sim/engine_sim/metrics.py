@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
@@ -12,9 +12,26 @@ _TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 
 _E2E = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
 
 
+class _CacheResets(Collector):
+    """Times the engine's whole prefix cache was emptied (/reset_prefix_cache, /reset): what a
+    router reads to drop what it believed the engine held. vLLM exports no such counter."""
+
+    def __init__(self, engine) -> None:
+        self._engine = engine
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily("engine_sim_prefix_cache_resets",
+                                  "Times the whole prefix cache was emptied",
+                                  value=self._engine.cache_resets)
+
+
 class EngineMetrics:
     def __init__(self, model: str, engine) -> None:  # engine: engine.Engine
         r = self.registry = CollectorRegistry()
+        # process_start_time_seconds and the rest, as vLLM serves them (prometheus_client's
+        # default registry there): a restart behind the same address shows as a new start
+        ProcessCollector(registry=r)
+        r.register(_CacheResets(engine))
         labels = ["model_name"]
         self.running = Gauge(
             "vllm:num_requests_running", "Requests in the running batch", labels, registry=r
@@ -55,6 +72,13 @@ class EngineMetrics:
         self.preemptions = Counter(
             "vllm:num_preemptions", "Requests preempted (recompute)", labels, registry=r
         )
+        self.sleep_state = Gauge(
+            "vllm:engine_sleep_state", "Engine sleep state (1 on the state it is in)",
+            ["model_name", "sleep_state"], registry=r,
+        )
+        for i, state in enumerate(("awake", "weights_offloaded", "discard_all")):
+            self.sleep_state.labels(model, state).set_function(
+                lambda i=i: 1.0 if engine.sleep_level == i else 0.0)
         self.decode_steps = Gauge(
             "engine_sim_decode_steps", "Engine steps that only decoded", registry=r
         )

@@ -553,6 +553,24 @@ async def reset_prefix_cache(request: web.Request) -> web.Response:
     return web.json_response({"reset": True, "preempted": preempted})
 
 
+async def sleep(request: web.Request) -> web.Response:
+    # vLLM's dev-mode /sleep?level=N: the KV cache goes (the weights too at level 2)
+    try:
+        request.app[ENGINE].sleep(int(request.query.get("level", "1")))
+    except ValueError as exc:
+        raise BadRequest(str(exc), param="level") from None
+    return web.Response(status=200)
+
+
+async def wake_up(request: web.Request) -> web.Response:
+    request.app[ENGINE].wake_up()
+    return web.Response(status=200)
+
+
+async def is_sleeping(request: web.Request) -> web.Response:
+    return web.json_response({"is_sleeping": request.app[ENGINE].sleep_level > 0})
+
+
 async def detokenize_handler(request: web.Request) -> web.Response:
     body = await _body(request)
     _check_model(request, body)
@@ -646,6 +664,9 @@ def build_app(
     app.router.add_get("/stats", stats)
     app.router.add_post("/reset", reset)
     app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
+    app.router.add_post("/sleep", sleep)
+    app.router.add_post("/wake_up", wake_up)
+    app.router.add_get("/is_sleeping", is_sleeping)
     app.router.add_post("/detokenize", detokenize_handler)
     app.router.add_post("/fault", fault)
     app.router.add_get("/version", version)

@@ -198,3 +198,35 @@ async def test_a_long_replay_lets_requests_through() -> None:
     finally:
         task.cancel()
         await sub.close()
+
+
+async def test_each_engines_state_follows_its_stream() -> None:
+    """DEGRADED until the join's replay is read, EXACT while the events come in sequence,
+    DEGRADED after a gap that could not be replayed, EXACT again once the engine restarts
+    (empty: the index knows all it holds)."""
+    pub = Publisher(answer_replays=False)
+    try:
+        index = EventsIndex(16, 100_000)
+        ends = {ENGINE: f"tcp://127.0.0.1:{pub.port},tcp://127.0.0.1:{pub.replay_port}"}
+        sub = EventSubscriber(EventSettings(endpoints=ends, replay_timeout_s=1.0), index, 16,
+                              lambda backend, lora: lora or "base-model")  # fmt: skip
+        assert sub.state(ENGINE) == "DEGRADED"  # not joined
+        sub.join(ENGINE)
+        await until(lambda: pub.asked == [0], "the join's replay asked for")
+        assert (sub.state(ENGINE), sub.warm()) == ("DEGRADED", False)  # not answered yet
+        await until(sub.warm, "the join's replay given up")
+        assert sub.state(ENGINE) == "EXACT"
+        await pub.subscribed()
+        await pub.send(1, seq=0)
+        (feed,) = sub.feeds()
+        await until(lambda: feed.last_seq == 0, "the first batch")
+        assert sub.state(ENGINE) == "EXACT"
+        await pub.send(4, seq=3)  # 1 and 2 lost, and the replay is not answered
+        await until(lambda: feed.last_seq == 3, "the batch after the gap")
+        assert sub.resets == 1 and sub.state(ENGINE) == "DEGRADED"
+        await pub.send(1, seq=0)  # a new process
+        await until(lambda: sub.resets == 2 and feed.last_seq == 0, "the restart")
+        assert sub.state(ENGINE) == "EXACT"
+        await sub.close()
+    finally:
+        pub.close()

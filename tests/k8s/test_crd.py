@@ -156,8 +156,9 @@ def test_printer_columns_and_short_name(control_plane: Any, ns: str) -> None:
     control_plane.kubectl("create", "-n", ns, "-f", "-", input=json.dumps(valid("cols")))
     out = control_plane.kubectl("get", "prm", "cols", "-n", ns).stdout
     header = out.splitlines()[0].split()
-    assert header == ["NAME", "READY", "REPLICAS", "HIT", "RATE", "CACHE", "PRESSURE", "AGE"]
+    assert header == ["NAME", "READY", "REPLICAS", "HIT", "RATE", "CACHE", "PRESSURE", "EXACT",
+                      "AGE"]
     wide = control_plane.kubectl("get", "prm", "cols", "-n", ns, "-o", "wide").stdout
-    assert "REASON" in wide and "ROUTER" in wide
+    assert "REASON" in wide and "ROUTER" in wide and "DEGRADED" in wide
     cats = control_plane.kubectl("get", "prefixrouter", "-n", ns, "-o", "name").stdout
     assert "prefixroutedmodel.prefixrouter.io/cols" in cats

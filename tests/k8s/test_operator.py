@@ -346,9 +346,12 @@ def test_external_store_figures_columns_and_finalizer(cp: Any, ns: str, operator
     def publish() -> None:
         for rid, (prompt, cached, ws, inflight) in {"a": (1000, 700, 20000, 2),
                                                     "b": (1000, 100, 25000, 2)}.items():
+            # b's index knows one engine less exactly: the column shows the lesser view
+            exact = 3 if rid == "a" else 2
             r.hset(ext.figures(rid), mapping=RouterFigures(
                 prompt_tokens=prompt, cached_tokens=cached, working_set_tokens=ws,
-                in_flight=inflight, updated_at=time.time()).as_hash())
+                in_flight=inflight, updated_at=time.time(), engines=4, engines_exact=exact,
+                engines_degraded=4 - exact).as_hash())
 
     r.set(ext.owners_prefix("llama") + "123", "x")
     r.set(other.owners_prefix("llama") + "123", "keep")
@@ -357,9 +360,16 @@ def test_external_store_figures_columns_and_finalizer(cp: Any, ns: str, operator
         publish()
         lines = cp.kubectl("get", "prm", "ext", "-n", ns).stdout.splitlines()
         row = lines[1].split()
-        return row if len(row) == 6 else None  # NAME READY REPLICAS HIT CACHE-PRESSURE AGE
+        # NAME READY REPLICAS HIT CACHE-PRESSURE EXACT AGE (kubectl reads the API's Table)
+        return row if len(row) == 7 else None
     row = cp.wait_for(columns, 30, "figures in kubectl get prm", interval=0.5)
-    assert row[:5] == ["ext", "True", "1/1", "0.4", "0.5"]
+    assert row[:6] == ["ext", "True", "1/1", "0.4", "0.5", "2/4"]
+    routing = get(cp, ns, "prm", "ext")["status"]["routing"]
+    assert (routing["engines"], routing["exactEngines"], routing["degradedEngines"],
+            routing["estimatedEngines"]) == (4, 2, 2, 0)
+    wide = cp.kubectl("get", "prm", "ext", "-n", ns, "-o", "wide").stdout.splitlines()
+    assert wide[0].split()[-3:] == ["DEGRADED", "ROUTER", "AGE"]
+    assert wide[1].split()[-3] == "2"  # the degraded engines, as the router that knows least
 
     cp.kubectl("delete", "prm", "ext", "-n", ns, "--wait=false")
     cp.wait_for(lambda: get(cp, ns, "prm", "ext") is None, 60, "ext deleted")

@@ -49,3 +49,23 @@ def test_a_router_is_stale_after_one_working_set_window() -> None:
 
 def test_glob_escape() -> None:
     assert glob_escape("prefixrouter:ns/a*b?[c]:") == r"prefixrouter:ns/a\*b\?\[c\]:"
+
+
+def test_index_states_as_the_router_that_knows_least_says() -> None:
+    now = 100.0
+    published = [
+        pub(engines=4, engines_exact=3, engines_degraded=1, updated_at=now),
+        pub(engines=4, engines_exact=2, engines_degraded=0, updated_at=now),  # one behind
+    ]
+    f = aggregate(published, now=now, ready_replicas=4, kv_capacity_tokens=1)
+    status = f.as_status("T")
+    assert {k: status[k] for k in ("engines", "exactEngines", "estimatedEngines",
+                                   "degradedEngines", "indexExact")} == {
+        "engines": 4, "exactEngines": 2, "estimatedEngines": 1, "degradedEngines": 1,
+        "indexExact": "2/4"}  # fmt: skip
+
+
+def test_no_index_states_from_routers_that_publish_none() -> None:
+    f = aggregate([pub(in_flight=1, updated_at=5)], now=5, ready_replicas=1,
+                  kv_capacity_tokens=1)
+    assert "indexExact" not in f.as_status("T")

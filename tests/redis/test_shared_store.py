@@ -490,3 +490,51 @@ async def test_the_lookup_budget_follows_the_typical_lookup_time_within_its_boun
         idx._timed(1.0)  # a hanging Redis: never more than the cap
     assert idx.budget == pytest.approx(0.040)
     await s.link.close()
+
+
+async def test_a_new_router_serves_its_first_requests_with_the_fleets_index(redis_server):
+    """A router replica that starts (scale-out, a rollout of the routers) finds what the
+    others placed in the shared table: its first request of each prompt is a hit on the
+    engine that holds it, not a placement of its own."""
+    backends = [f"http://e{i}" for i in range(4)]
+    clock = Clock()
+    old, lo = await make(redis_server.url, "old", clock)
+    placed: dict[str, str] = {}
+    try:
+        core = scheduler(old, lo, backends)
+
+        def prompt(i: int):
+            body = {"model": "m", "prompt": f"document {i} about the claims process " * 8}
+            return parse_request(json.dumps(body).encode(), "completions")
+
+        for i in range(8):
+            route = await core.route(prompt(i))
+            with Attempt(core.ledger, route, route.decision.backend) as a:
+                a.answered(200)
+                a.first_byte(streamed=False)  # the engine computed the prompt: owned there
+            placed[str(i)] = route.decision.backend
+        await written(old)
+        assert len(set(placed.values())) > 1  # spread: a hit is not the only choice
+        new, ln = await make(redis_server.url, "new", clock)
+        try:
+            fresh = scheduler(new, ln, backends)
+            for i in range(8):
+                route = await fresh.route(prompt(i))
+                assert (route.decision.backend, route.decision.reason) == (placed[str(i)], "hit")
+        finally:
+            await new.close()
+    finally:
+        await old.close()
+
+
+async def test_figures_say_how_the_index_knows_the_engines(redis_server):
+    async with pair(redis_server.url) as (_clock, a, _b, la, _lb):
+        scheduler(a, la, [f"http://e{i}" for i in range(3)])  # wires its states into `a`
+        await a.publish()
+        r = aioredis.from_url(redis_server.url, decode_responses=True)
+        fig = RouterFigures.from_hash(await r.hgetall("prefixrouter:ns/m:router:ra"))
+        await r.aclose()
+        # decisions on a reachable store: every engine ESTIMATED
+        assert (fig.engines, fig.engines_exact, fig.engines_degraded) == (3, 0, 0)
+        st = aggregate([fig], now=time.time(), ready_replicas=3, kv_capacity_tokens=800)
+        assert st.as_status("T")["indexExact"] == "0/3"

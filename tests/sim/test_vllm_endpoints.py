@@ -157,3 +157,51 @@ async def test_speech_to_text_takes_multipart_uploads(fleet: Fleet, tmp_path: Pa
             return c.audio.transcriptions.create(model="m", file=f).text
 
     assert await asyncio.to_thread(with_client) == first["text"]
+
+
+async def test_metrics_show_a_restart_and_a_cache_reset(fleet: Fleet) -> None:
+    """What a router reads to tell an engine emptied behind the same address (restarts.py):
+    the process start time changes across a restart, the reset counter grows on a reset."""
+    from prefix_router.restarts import read_vitals
+
+    sim = await start_sim(fleet)
+
+    async def vitals():
+        async with aiohttp.ClientSession() as s, s.get(sim.url + "/metrics") as r:
+            return read_vitals(await r.read())
+
+    before = await vitals()
+    assert before.started is not None and before.resets == 0
+    status, _ = await post(sim, "/reset_prefix_cache", {})
+    assert status == 200
+    reset = await vitals()
+    assert reset.resets == 1 and reset.started == before.started
+    await fleet.restart(sim)
+    after = await vitals()
+    assert after.started is not None and after.started > before.started
+
+
+async def test_sleep_discards_the_cache_and_shows_in_the_sleep_state(fleet: Fleet) -> None:
+    from prefix_router.restarts import read_vitals
+
+    sim = await start_sim(fleet)
+    async with aiohttp.ClientSession() as s:
+
+        async def vitals():
+            async with s.get(sim.url + "/metrics") as r:
+                return read_vitals(await r.read())
+
+        async def sleeping() -> bool:
+            async with s.get(sim.url + "/is_sleeping") as r:
+                return (await r.json())["is_sleeping"]
+
+        assert (await vitals()).awake == 1 and not await sleeping()
+        async with s.post(sim.url + "/sleep?level=1") as r:
+            assert r.status == 200
+        v = await vitals()
+        assert (v.awake, v.resets) == (0, 1) and await sleeping()
+        async with s.post(sim.url + "/sleep?level=3") as r:
+            assert r.status == 400
+        async with s.post(sim.url + "/wake_up") as r:
+            assert r.status == 200
+        assert (await vitals()).awake == 1 and not await sleeping()

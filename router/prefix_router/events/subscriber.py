@@ -19,6 +19,7 @@ import zmq
 import zmq.asyncio
 
 from ..config import EventSettings
+from ..index import DEGRADED, EXACT
 from ..index.events import EventsIndex
 from ..metrics import EventStats, EventStream
 from .feed import EngineFeed
@@ -62,6 +63,9 @@ class _Stream:
         # batches learned by replay when joining, which may also come live right after:
         # the same sequence number with the same bytes is that, not a restart
         self.replayed: dict[int, bytes] = {}
+        self.joined = False  # the replay on joining was read (or could not be)
+        # the index has every block the engine holds: joined, and no gap left unreplayed
+        self.synced = False
 
 
 class EventSubscriber:
@@ -101,7 +105,7 @@ class EventSubscriber:
             return
         pub, replay = endpoints(backend, self._s)
         feed = EngineFeed(backend, self._index, self._block_size,
-                          lambda lora, b=backend: self._model_of(b, lora), self._on_reset,
+                          lambda lora, b=backend: self._model_of(b, lora), self._emptied,
                           lambda model, keys, b=backend: self._on_settled(b, model, keys),
                           )  # fmt: skip
         stream = self._streams[backend] = _Stream(feed, pub, replay)
@@ -109,6 +113,23 @@ class EventSubscriber:
             self._run(stream), name=f"kv-events {backend}"
         )
         log.info("listening to the KV events of %s at %s (replay %s)", backend, pub, replay)
+
+    def state(self, backend: str) -> str:
+        """EXACT while the engine's events are in sequence from its replay on, DEGRADED before
+        that and while a gap is missing (index/__init__.py)."""
+        stream = self._streams.get(backend)
+        return EXACT if stream is not None and stream.synced else DEGRADED
+
+    def warm(self) -> bool:
+        """Every joined engine's replay was read: the index starts from the fleet's caches."""
+        return all(st.joined for st in self._streams.values())
+
+    def _emptied(self, backend: str) -> None:
+        """The engine's cache is empty (cleared, restarted): the index knows it exactly."""
+        stream = self._streams.get(backend)
+        if stream is not None:
+            stream.synced = True
+        self._on_reset(backend)
 
     async def leave(self, backend: str) -> None:
         stream = self._streams.pop(backend, None)
@@ -143,9 +164,13 @@ class EventSubscriber:
         """What the engine's replay buffer still holds, at once: the events of requests sent
         before this router listened (PUB/SUB drops what comes before a subscription takes),
         which an idle engine would otherwise never send again."""
-        got = await self._replay(stream, 0, 2**63, partial=True)
-        await self._apply_all(stream.feed, got or ())
-        stream.replayed = dict(got or ())
+        try:
+            got = await self._replay(stream, 0, 2**63, partial=True)
+            await self._apply_all(stream.feed, got or ())
+            stream.replayed = dict(got or ())
+            stream.synced = True
+        finally:
+            stream.joined = True
 
     async def _take(
         self, stream: _Stream, seq: int, payload: bytes, publisher: bytes | None = None
@@ -162,12 +187,18 @@ class EventSubscriber:
             self._reset(feed)
         elif state in ("gap", "first") and (state == "gap" or seq > 0):
             start = 0 if feed.last_seq is None else feed.last_seq + 1
+            if state == "gap":
+                stream.synced = False
             # on joining, whatever the buffer still holds is worth having; on a gap, only all
             missed = await self._replay(stream, start, seq, partial=state == "first")
             if missed is None and state == "gap":
                 log.warning("%s: events %d..%d lost and not replayed: its entries dropped",
                             feed.backend, start, seq - 1)  # fmt: skip
                 self._reset(feed)
+                # what it stored meanwhile is not known until it empties (DEGRADED)
+                stream.synced = False
+            elif state == "gap":
+                stream.synced = True
             await self._apply_all(feed, missed or ())
         self._apply(feed, seq, payload, publisher)
 

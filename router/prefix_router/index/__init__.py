@@ -10,12 +10,23 @@ Underneath, an `Ownership` table holds the blocks: this process's (`LocalIndex`,
 the one every router replica shares through Redis (redis/index.py). A chain is a list of
 chained block hashes (prefix.py); a backend's holding of a chain is its leading blocks, so a
 lookup answers, per backend, how many leading blocks it holds.
+
+Each engine's entries are in one of three states, by how the index knows them:
+  EXACT      the engine's KV events, in sequence
+  ESTIMATED  the router's decisions (corrected by reported cached tokens where they are)
+  DEGRADED   less than that: an events gap not yet replayed, a stream not yet joined, a
+             restart suspected (engine_states.py), a shared store unreachable
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Final, Protocol
+
+EXACT: Final = "EXACT"
+ESTIMATED: Final = "ESTIMATED"
+DEGRADED: Final = "DEGRADED"
+STATES: Final = (EXACT, ESTIMATED, DEGRADED)
 
 
 class PrefixIndex(Protocol):
@@ -71,6 +82,15 @@ class PrefixIndex(Protocol):
     @property
     def degraded(self) -> bool:
         """Routing on less than the index should know (a shared store unreachable)."""
+        ...
+
+    def state(self, backend: str) -> str:
+        """How the index knows `backend`'s entries: EXACT, ESTIMATED or DEGRADED."""
+        ...
+
+    def warm(self) -> bool:
+        """Whether the index holds what it can learn of every engine joined before routing
+        (events: each engine's replay read; the others have nothing to wait for)."""
         ...
 
     async def start(self) -> None: ...

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from . import Ownership
+from . import DEGRADED, ESTIMATED, Ownership
 from .local import LocalIndex
 from .pending import PendingIndex
 
@@ -94,6 +94,12 @@ class DecisionIndex:
     @property
     def degraded(self) -> bool:
         return self.table.degraded
+
+    def state(self, backend: str) -> str:
+        return DEGRADED if self.table.degraded else ESTIMATED
+
+    def warm(self) -> bool:
+        return True  # a shared table is read at each lookup: nothing to load first
 
     async def start(self) -> None:
         await self.table.start()

@@ -32,6 +32,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from . import DEGRADED
 from .local import LocalIndex
 from .pending import PendingIndex
 from .tiers import GroupNeed, Residency, hybrid_hit, tier_run
@@ -58,6 +59,7 @@ def build(p: Parts) -> EventsIndex:
     p.backends.on_join(events.join)
     p.backends.on_gone(lambda backend: asyncio.ensure_future(events.leave(backend)))
     index.on_close = events.close
+    index.stream_state, index.streams_warm = events.state, events.warm
     return index
 
 
@@ -82,6 +84,10 @@ class EventsIndex(LocalIndex):
         self._lower: dict[str, Residency] = {}  # medium -> what engines hold there
         self._group_res: dict[int, Residency] = {}  # KV-cache group -> its blocks (GPU)
         self._needs: dict[str, dict[int, GroupNeed]] = {}  # backend -> its other groups
+        # the subscriber's view of each engine's stream (EXACT or DEGRADED), and whether
+        # every engine's replay was read
+        self.stream_state: Callable[[str], str] = lambda backend: DEGRADED
+        self.streams_warm: Callable[[], bool] = lambda: True
 
     def held(self, backend: str) -> int:
         """Blocks the engine holds, over every model (its LoRAs share one pool)."""
@@ -158,6 +164,12 @@ class EventsIndex(LocalIndex):
 
     def correct(self, model: str, backend: str, predicted: int, held: int) -> bool:
         return False
+
+    def state(self, backend: str) -> str:
+        return self.stream_state(backend)
+
+    def warm(self) -> bool:
+        return self.streams_warm()
 
     def settle(self, backend: str, model: str, keys: list[int]) -> None:
         """The engine's events said what became of these blocks: no speculative entry of

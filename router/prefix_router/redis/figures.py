@@ -37,6 +37,8 @@ class FiguresPublisher:
         self._window: deque[tuple[float, float, float]] = deque()
         self._blocks = 0  # distinct blocks in the working-set window, as last counted
         self._counted_at: float | None = None  # clock() of that count
+        # (engines, EXACT, DEGRADED): how the index knows the engines (engine_states.py)
+        self.states: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0)
 
     def observe(self, prompt_tokens: float, predicted_cached: float) -> None:
         """One request served (called once per request)."""
@@ -61,12 +63,16 @@ class FiguresPublisher:
             return
         pipe = self._link.pipeline()
         pipe.pfcount(*self._keys.working_set_window(now))
+        engines, exact, degraded = self.states()
         figures = RouterFigures(
             prompt_tokens=sum(w[1] for w in win),
             cached_tokens=sum(w[2] for w in win),
             working_set_tokens=self._blocks * self._block,
             in_flight=sum(self._load.own_counts().values()),
             updated_at=now,
+            engines=engines,
+            engines_exact=exact,
+            engines_degraded=degraded,
         )
         key = self._keys.figures(self._router_id)
         pipe.hset(key, mapping=figures.as_hash())
