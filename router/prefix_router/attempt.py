@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from .backends import BackendSet
@@ -74,7 +74,7 @@ class Ledger:
     observe: Callable[[float, float], None] | None = None
     clock: Callable[[], float] = time.monotonic
     # a stored Responses API response's id and its engine (core.py)
-    remember_response: Callable[[str, str], None] | None = None
+    remember_response: Callable[[str, str], Awaitable[None]] | None = None
     # (backend, the prompt's first block, predicted blocks, held blocks) of each answer that
     # reported its cached tokens: an engine far below prediction on prefix after prefix came
     # back empty (engine_states.py)
@@ -177,15 +177,15 @@ class Attempt:
     def chunk(self) -> None:
         self.ledger.steps.beat(self.backend, self.ledger.clock())
 
-    def done(
-        self, answer: str | None, usage: tuple[int, int | None] | None,
-        response_id: str | None = None,
-    ) -> None:
-        """The engine answered in full (2xx); `response_id`: the Responses API response it
-        stored (follow-ups and GETs by its id can only be answered there)."""
+    async def stored(self, response_id: str) -> None:
+        """The engine stored a Responses API response under this id: follow-ups and GETs by
+        it can only be answered there. Awaited before the client sees the id."""
+        if self.ledger.remember_response is not None:
+            await self.ledger.remember_response(response_id, self.backend)
+
+    def done(self, answer: str | None, usage: tuple[int, int | None] | None) -> None:
+        """The engine answered in full (2xx)."""
         led, r, backend = self.ledger, self.route, self.backend
-        if response_id and led.remember_response is not None:
-            led.remember_response(response_id, backend)
         led.backends.report_success(backend)
         led.metrics.count_request(backend, "ok")
         predicted = self.predicted()

@@ -192,7 +192,10 @@ class _Forward:
         if 200 <= status < 300:
             parsed = self.route.parsed
             if parsed.responses is not None:
-                a.done(*read_response_json(body))
+                text, usage, rid = read_response_json(body)
+                if rid:
+                    await a.stored(rid)  # before the client can name it
+                a.done(text, usage)
             else:
                 a.done(*read_json(body, parsed.kind))
         else:
@@ -219,13 +222,17 @@ class _Forward:
         a.first_byte(streamed=True)
         self.ledger.backends.answered(a.backend)  # a stream on probation need not end first
         sniff = bytearray(first)
+        # a Responses stream names its response in its first event: known before it is passed
+        stored = self.route.parsed.responses is None or await self._stored(a, sniff)
         try:
             await resp.write(first)
             async for data in chunks:
                 a.chunk()
-                await resp.write(data)
                 if len(sniff) < _MAX_SNIFF:
                     sniff += data
+                if not stored:
+                    stored = await self._stored(a, sniff)
+                await resp.write(data)
         except (UpstreamError, UpstreamTimeout) as exc:
             # Bytes already reached the client: the stream can only be ended, with an error
             # event, so the client can tell a cut answer from a whole one.
@@ -241,10 +248,18 @@ class _Forward:
         await resp.write_eof()
         parsed = self.route.parsed
         if parsed.responses is not None:
-            a.done(*read_response_sse(bytes(sniff)))
+            a.done(*read_response_sse(bytes(sniff))[:2])
         else:
             a.done(*read_sse(bytes(sniff), parsed.kind))
         return resp
+
+    async def _stored(self, a: Attempt, sniff: bytearray) -> bool:
+        """Whether the stream's response id was seen (and its engine remembered)."""
+        rid = read_response_sse(bytes(sniff))[2]
+        if rid is None:
+            return len(sniff) >= _MAX_SNIFF  # not within the sniffed bytes: give up
+        await a.stored(rid)
+        return True
 
     def response_headers(self, answer: UpstreamResponse, a: Attempt) -> dict[str, str]:
         h = answer.headers

@@ -67,9 +67,11 @@ class Holders:
         self.store = store
         self.ttl_s = ttl_s
 
-    def remember(self, response_id: str, backend: str) -> None:
+    async def remember(self, response_id: str, backend: str) -> None:
+        """Known here at once, and to the other routers once the store has it: the caller
+        awaits it before the client can see the id, so no follow-up can outrun it."""
         self.ids.remember(response_id, backend)
-        self.store.remember_response(id_key(response_id), backend, self.ttl_s)
+        await self.store.remember_response(id_key(response_id), backend, self.ttl_s)
 
     async def holder(self, response_id: str) -> str | None:
         holder = self.ids.holder(response_id)

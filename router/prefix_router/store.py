@@ -42,7 +42,7 @@ class Store:
     def requested(self, model: str, hashes: list[int]) -> None:
         """A request asked for this chain (the working set the autoscaler reads)."""
 
-    def remember_response(self, id_hash: int, backend: str, ttl_s: float) -> None:
+    async def remember_response(self, id_hash: int, backend: str, ttl_s: float) -> None:
         """The other routers learn which engine holds this stored response."""
 
     async def response_holder(self, id_hash: int) -> str | None:

@@ -50,6 +50,7 @@ async def start(fleet: Fleet, n: int, health: dict[str, Any]) -> tuple[list[Proc
     settings = {"discovery": {"backends": [p.url for p in sims]}, "models": [MODEL],
                 "kv_capacity_tokens": 200_000, "index": "corrected", "expose_routing": True,
                 "cached_tokens_reported": True,
+                "metrics_port": None,  # /metrics on the API port: the tests read it there
                 "health": {"eject_after_failures": 1000, **health}}  # fmt: skip
     return sims, settings
 

@@ -12,6 +12,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from prefix_router.config import RouterSettings
+from prefix_router.index.local import LocalIndex
 from prefix_router.load import LoadTracker
 from prefix_router.redis import SharedStore
 
@@ -36,11 +37,13 @@ async def test_a_backends_blocks_in_redis_are_bounded_by_the_index_budget(
     bound = max(1000, budget // 16)
     assert bound < CHAINS * CHAIN
     shared = SharedStore(s, LoadTracker(), "r1")
+    table = shared.table(LocalIndex(s.block_size, s.kv_capacity_tokens, s.ttl_seconds,
+                                    s.max_table_entries, s.max_owners))  # fmt: skip
     await shared.link.start()  # no timers: the test flushes
     r = aioredis.from_url(redis_server.url)
     try:
         for c in range(CHAINS):
-            shared.index.record("m", [c * 10_000 + i for i in range(CHAIN)], BACKEND)
+            table.record("m", [c * 10_000 + i for i in range(CHAIN)], BACKEND)
             await shared.writes.flush()
         assert not shared.writes.pending()  # every record is in Redis
         held = await r.zcard(f"prefixrouter:ns/m:lru:m:{BACKEND}")

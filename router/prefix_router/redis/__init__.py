@@ -105,17 +105,16 @@ class SharedStore(Store):
     def requested(self, model: str, hashes: list[int]) -> None:
         self.writes.add_working_set(hashes)
 
-    def remember_response(self, id_hash: int, backend: str, ttl_s: float) -> None:
+    async def remember_response(self, id_hash: int, backend: str, ttl_s: float) -> None:
         if self.link.down:
             return  # the other routers ask this one's engines in vain: a 404, not a hang
-        task = asyncio.ensure_future(
-            self.link.redis.set(self.keys.response(id_hash), backend, ex=max(1, int(ttl_s)))
-        )
-        task.add_done_callback(self._written)
-
-    def _written(self, task: asyncio.Future[object]) -> None:
-        exc = None if task.cancelled() else task.exception()
-        if exc is not None:
+        try:
+            limit = self.settings.store.timeout_max_ms / 1000.0
+            key = self.keys.response(id_hash)
+            await asyncio.wait_for(self.link.redis.set(key, backend, ex=max(1, int(ttl_s))), limit)
+        except TimeoutError:
+            return  # slow is not down: this router still knows it
+        except FAILURES as exc:
             self.link.fail(exc)
 
     async def response_holder(self, id_hash: int) -> str | None:
