@@ -89,7 +89,7 @@ async def _completions(request: web.Request, kind: Kind) -> web.StreamResponse:
     apart = not core.keyer.renders
     parsed, raw = await offload.run(len(raw), parse_for_routing, raw, kind, salt,
                                     s.salt_header_wins, apart, apart=apart)  # fmt: skip
-    route = await core.route(parsed)
+    route = await core.route(parsed, request.headers, len(raw))
     return await forward(request, route, raw, core.ledger, app[UPSTREAM])
 
 
@@ -161,7 +161,8 @@ def build_app(settings: RouterSettings, discovery: Discovery | None = None) -> w
         # health probes and scrapes: off the forwarding path, with their own timeouts
         probes = aiohttp.ClientSession(skip_auto_headers=("User-Agent",))
         await core.start()
-        health = HealthLoop(settings.health, backends, core.load, core.index, core.metrics, probes)
+        health = HealthLoop(settings.health, backends, core.load, core.index, core.metrics, probes,
+                            core.dispatch.saturation.engine_report)  # fmt: skip
 
         def on_change(urls: Sequence[str]) -> None:
             backends.set_members(urls)
@@ -241,6 +242,7 @@ async def serve(
     try:
         await stop.wait()
         app[DRAINING].set()
+        app[CORE].dispatch.drain()  # what waits for an engine goes to another replica now
         log.info("draining: not ready; serving for %gs more", settings.drain_grace_s)
         await asyncio.sleep(settings.drain_grace_s)
         log.info("closing the listener; requests in flight get %gs", settings.shutdown_timeout_s)

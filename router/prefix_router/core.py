@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .attempt import Ledger, Route
@@ -24,10 +24,15 @@ from .metrics import RouterMetrics
 from .offload import Offload
 from .parsing import ParsedRequest
 from .scheduling import Scheduler
+from .scheduling.bands import Classifier
 from .scheduling.filters import eligible
+from .scheduling.queue import DispatchQueue
+from .scheduling.saturation import Saturation
 from .scheduling.scorers import Signals
 from .sizing import Sizing
 from .store import Store, make_store
+
+_NO_HEADERS: Mapping[str, str] = {}
 
 
 @dataclass(slots=True)
@@ -42,15 +47,35 @@ class RouterCore:
     scheduler: Scheduler
     ledger: Ledger
     offload: Offload
+    dispatch: DispatchQueue
 
-    async def route(self, parsed: ParsedRequest) -> Route:
-        started = time.perf_counter()
+    async def route(
+        self, parsed: ParsedRequest, headers: Mapping[str, str] = _NO_HEADERS, size: int = 0
+    ) -> Route:
+        """Route a request, once an engine for it has room (the dispatch queue: it may wait,
+        or be refused with 429). It is scored and bound only then (late binding); its
+        Attempt must start in the same step as this returns (proxy.forward does)."""
+        arrived = time.perf_counter()
         models = frozenset(self.settings.models)
         backends = eligible(self.backends, models, parsed.model)
-        key = await self.keyer.key(parsed, backends)
-        decision = await self.scheduler.route(parsed.model, key, backends, parsed.canonical)
-        self.metrics.overhead.observe(time.perf_counter() - started)
-        return Route(parsed, key, decision, started)
+
+        def candidates() -> list[str]:
+            return [b.url for b in eligible(self.backends, models, parsed.model)]
+
+        tokens = self.keyer.sizing.prompt_tokens(len(parsed.canonical))
+        ticket = await self.dispatch.admit(candidates, headers, tokens, parsed.body, size)
+        try:
+            started = time.perf_counter()
+            if ticket.waited:
+                self.metrics.queue_wait.observe(ticket.waited)
+                backends = eligible(self.backends, models, parsed.model)  # as they are now
+            key = await self.keyer.key(parsed, backends)
+            decision = await self.scheduler.route(parsed.model, key, backends, parsed.canonical)
+            self.metrics.overhead.observe(time.perf_counter() - started)
+        finally:
+            ticket.bound()
+        # TTFT as the client sees it: from arrival, the queue's wait included
+        return Route(parsed, key, decision, arrived)
 
     async def start(self) -> None:
         await self.store.start()
@@ -96,4 +121,28 @@ def build_core(
     backends.on_gone(index.drop_backend)
     backends.on_gone(load.forget)
     backends.on_gone(signals.steps.forget)  # what was learned of its rhythm goes with it
-    return RouterCore(s, backends, load, metrics, store, index, keyer, scheduler, ledger, offload)
+    dispatch = build_dispatch(s, load, metrics, clock)
+    backends.on_gone(dispatch.saturation.forget)
+    backends.on_join(lambda _url: dispatch.pump())
+    store.show_demand(dispatch.demand)
+    return RouterCore(
+        s, backends, load, metrics, store, index, keyer, scheduler, ledger, offload, dispatch
+    )
+
+
+def build_dispatch(
+    s: RouterSettings, load: LoadTracker, metrics: RouterMetrics, clock: Callable[[], float]
+) -> DispatchQueue:
+    """The dispatch queue, released by every fall of load (scheduling/queue.py)."""
+    names = [b.name for b in s.queue.bands]
+
+    def report(decision: str, reason: str, band: int) -> None:
+        metrics.count_queue(decision, reason, names[band])
+
+    saturation = Saturation(s.queue)
+    q = DispatchQueue(s.queue, Classifier(s.queue, s.salt_header), saturation, load.inflight,
+                      report, clock)  # fmt: skip
+    load.on_release = q.pump
+    saturation.on_change = q.pump
+    metrics.watch_queue(q.demand)
+    return q

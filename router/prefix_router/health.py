@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 import aiohttp
 
@@ -24,12 +25,18 @@ _WAITING = (b"vllm:num_requests_waiting", b"sglang:num_queue_reqs",
 
 
 def engine_queue_depth(text: bytes) -> float | None:
-    """running + waiting summed over label sets, from Prometheus text; None if absent.
+    """running + waiting summed over label sets, from Prometheus text; None if absent."""
+    gauges = engine_gauges(text)
+    return None if gauges is None else gauges[0] + gauges[1]
+
+
+def engine_gauges(text: bytes) -> tuple[float, float] | None:
+    """(running, waiting), each summed over label sets, from Prometheus text; None if absent.
 
     A line scan rather than prometheus_client's parser: we need two gauges out of a page of
     histograms, once a second per backend, and the full parser costs ~50x more on the loop.
     """
-    total = 0.0
+    running = waiting = 0.0
     found = False
     for line in text.split(b"\n"):
         if not line or line[0] == 35:  # '#'
@@ -37,12 +44,16 @@ def engine_queue_depth(text: bytes) -> float | None:
         for name in _RUNNING + _WAITING:
             if line.startswith(name) and line[len(name) : len(name) + 1] in (b"{", b" "):
                 try:
-                    total += float(line.rsplit(b" ", 1)[1])
-                    found = True
+                    v = float(line.rsplit(b" ", 1)[1])
                 except (ValueError, IndexError):
-                    pass
+                    break
+                found = True
+                if name in _RUNNING:
+                    running += v
+                else:
+                    waiting += v
                 break
-    return total if found else None
+    return (running, waiting) if found else None
 
 
 class HealthLoop:
@@ -54,6 +65,7 @@ class HealthLoop:
         index: PrefixIndex,
         metrics: RouterMetrics,
         session: aiohttp.ClientSession,
+        gauges: Callable[[str, float, float], None] | None = None,
     ) -> None:
         self._s = settings
         self._backends = backends
@@ -61,6 +73,7 @@ class HealthLoop:
         self._index = index
         self._metrics = metrics
         self._session = session
+        self._gauges = gauges  # (backend, running, waiting) at each scrape: saturation
         self._timeout = aiohttp.ClientTimeout(total=settings.probe_timeout_s)
         self._tasks: list[asyncio.Task[None]] = []
         self._blind: set[str] = set()  # backends whose /metrics give no load: said once
@@ -117,19 +130,21 @@ class HealthLoop:
             await asyncio.sleep(self._s.probe_interval_s)
 
     async def _scrape(self, url: str) -> None:
-        depth = None
+        gauges = None
         why = ""
         try:
             async with self._session.get(url + "/metrics", timeout=self._timeout) as r:
                 if r.status == 200:
-                    depth = engine_queue_depth(await r.read())
+                    gauges = engine_gauges(await r.read())
                     why = "no running/waiting gauges there"
                 else:
                     why = f"status {r.status}"
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             why = repr(exc)
-        if depth is not None:
-            self._load.engine_report(url, depth)
+        if gauges is not None:
+            if self._gauges is not None:
+                self._gauges(url, *gauges)
+            self._load.engine_report(url, gauges[0] + gauges[1])
             self._blind.discard(url)
         elif url not in self._blind:
             # not an error (llama.cpp serves /metrics only with --metrics), but the load

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .contract import WORKING_SET_METRIC
+from .contract import OLDEST_WAIT_METRIC, QUEUED_METRIC, WORKING_SET_METRIC
 
 if TYPE_CHECKING:
     from .store import StoreStats
@@ -90,6 +90,22 @@ class _KvEvents(Collector):
         yield CounterMetricFamily(
             "prefix_router_kv_event_resets", "times an engine's entries were dropped: it "
             "restarted, or events were lost beyond its replay buffer", value=resets)
+
+
+class _Queue(Collector):
+    """The dispatch queue's demand, read at each scrape (scheduling/queue.py)."""
+
+    def __init__(self) -> None:
+        self.read: Callable[[], tuple[int, float]] | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        if self.read is None:
+            return
+        queued, oldest = self.read()
+        yield GaugeMetricFamily(QUEUED_METRIC, "requests waiting in the router's dispatch queue "
+                                "for an engine with room", value=queued)
+        yield GaugeMetricFamily(OLDEST_WAIT_METRIC, "seconds the oldest request in the "
+                                "dispatch queue has waited", value=oldest)
 
 
 class RouterMetrics:
@@ -210,6 +226,18 @@ class RouterMetrics:
         r.register(self._working_set)
         self._events = _KvEvents()
         r.register(self._events)
+        self._queue = _Queue()
+        r.register(self._queue)
+        self.queue_decisions = Counter(
+            "prefix_router_queue_decisions",
+            "Dispatch queue decisions (queued, released, refused) by reason and band",
+            ["decision", "reason", "band"],
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "prefix_router_queue_wait_seconds", "Time released requests waited in the queue",
+            buckets=_LATENCY, registry=r,
+        )
         self._prompt_sum = 0.0
         self._pred_sum = 0.0
         self._children: dict[tuple[int | str, ...], object] = {}
@@ -251,6 +279,13 @@ class RouterMetrics:
         self.store_budget.set(stats.budget_s)
         # None: unknown, and the series shows no sample until a count comes
         self._working_set.tokens = stats.working_set_tokens
+
+    def count_queue(self, decision: str, reason: str, band: str) -> None:
+        self._child(self.queue_decisions, decision, reason, band).inc()
+
+    def watch_queue(self, read: Callable[[], tuple[int, float]]) -> None:
+        """Show the dispatch queue's (requests waiting, oldest wait), as `read` tells."""
+        self._queue.read = read
 
     def watch_events(self, read: Callable[[], EventStats]) -> None:
         """Show the engines' KV-event streams (index: events), as `read` tells at a scrape."""

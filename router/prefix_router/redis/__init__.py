@@ -105,6 +105,9 @@ class SharedStore(Store):
     def requested(self, model: str, hashes: list[int]) -> None:
         self.writes.add_working_set(hashes)
 
+    def show_demand(self, read: Callable[[], tuple[int, float]]) -> None:
+        self.figures.demand = read
+
     def stats(self) -> StoreStats:
         shared = self.shared
         return StoreStats(

@@ -1,7 +1,8 @@
 """The figures each router publishes for the operator and the metrics adapter
 (contract.RouterFigures): prompt and predicted cached tokens over the window, requests in
-flight, and the model's working set, the distinct blocks requested within the window (a
-HyperLogLog union in Redis that every router adds to, so it is model-wide, not a sum)."""
+flight and waiting in the dispatch queue, and the model's working set, the distinct blocks
+requested within the window (a HyperLogLog union in Redis that every router adds to, so it is
+model-wide, not a sum)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ class FiguresPublisher:
         self._window: deque[tuple[float, float, float]] = deque()
         self._blocks = 0  # distinct blocks in the working-set window, as last counted
         self._counted_at: float | None = None  # clock() of that count
+        # the dispatch queue's (requests waiting, oldest wait): demand for the autoscaler
+        self.demand: Callable[[], tuple[int, float]] | None = None
 
     def observe(self, prompt_tokens: float, predicted_cached: float) -> None:
         """One request served (called once per request)."""
@@ -61,11 +64,14 @@ class FiguresPublisher:
             return
         pipe = self._link.pipeline()
         pipe.pfcount(*self._keys.working_set_window(now))
+        queued, oldest = self.demand() if self.demand is not None else (0, 0.0)
         figures = RouterFigures(
             prompt_tokens=sum(w[1] for w in win),
             cached_tokens=sum(w[2] for w in win),
             working_set_tokens=self._blocks * self._block,
             in_flight=sum(self._load.own_counts().values()),
+            queued=queued,
+            oldest_wait_s=oldest,
             updated_at=now,
         )
         key = self._keys.figures(self._router_id)
