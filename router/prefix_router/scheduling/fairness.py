@@ -32,7 +32,7 @@ class Entry(Generic[T]):
 
 
 class FairQueue(Generic[T]):
-    __slots__ = ("_dead", "_finish", "_heap", "_seq", "_waiting", "virtual")
+    __slots__ = ("_dead", "_finish", "_heap", "_prune_at", "_seq", "_waiting", "virtual")
 
     def __init__(self) -> None:
         self._heap: list[Entry[T]] = []
@@ -40,6 +40,7 @@ class FairQueue(Generic[T]):
         self._waiting: dict[str, int] = {}  # tenant -> entries queued
         self._seq = 0
         self._dead = 0  # removed entries still in the heap
+        self._prune_at = _PRUNE_SLACK
         self.virtual = 0.0
 
     def __len__(self) -> int:
@@ -93,11 +94,17 @@ class FairQueue(Generic[T]):
             self._waiting[tenant] = n
             return
         del self._waiting[tenant]
-        if len(self._finish) > len(self._waiting) + _PRUNE_SLACK:
+        if not self._waiting:
+            # the end of a busy period: every tag is behind the next arrival's start
+            self.virtual = max(self.virtual, *self._finish.values())
+            self._finish.clear()
+            self._prune_at = _PRUNE_SLACK
+        elif len(self._finish) > self._prune_at:
             v = self.virtual
             self._finish = {
                 t: f for t, f in self._finish.items() if f > v or t in self._waiting
             }
+            self._prune_at = 2 * len(self._finish) + _PRUNE_SLACK  # amortised: O(1) a call
 
     def tenants(self) -> int:
         """Tenants whose finish tag is kept (for the bound on memory)."""

@@ -9,9 +9,9 @@ is bound to an engine only when one has room (late binding: scored where its pre
                scrape and on each arrival: while the next ticket's engines have room, it is
                released. The next ticket: the highest band waiting, in it the smallest start
                tag (fairness.py).
-  Pass.bound() the released request's load now counts on an engine (routed; its Attempt
-               starts in the same step): until then it counts as `launching`, so one release
-               of load lets one request through, not all of them.
+  Pass.bound() the released request is routed, its Attempt starts in the same step: until
+               then it counts as `launching`, so one release of load lets one request
+               through, not all of them.
   sweep()      tickets past their band's budget get 429 with Retry-After (a timer, at the
                earliest deadline).
   drain()      the router is going away: every ticket gets 503 with Retry-After (another
@@ -151,7 +151,9 @@ class DispatchQueue:
     def launched(self) -> None:
         self.launching -= 1
         if self.queued:
-            self.pump()
+            # on the loop's next turn: its Attempt has counted its load by then (or none
+            # started, and the slot goes to the next)
+            asyncio.get_running_loop().call_soon(self.pump)
 
     # ------------------------------------------------------------------ release
 
