@@ -93,6 +93,7 @@ async def test_a_client_gone_while_queued_leaves_the_queue(
         return await metric(router, "prefix_router_queued") == 0
 
     await until(left, 30, "the queue to be empty once its client left")
+    assert not any(t.done() for t in streams), "the queue emptied only as the streams ended"
     gone = 'prefix_router_queue_decisions_total{band="standard",decision="refused",' \
            'reason="client_gone"}'
     assert await metric(router, gone) == 1
