@@ -68,7 +68,8 @@ class RouterCore:
             started = time.perf_counter()
             if ticket.waited:
                 self.metrics.queue_wait.observe(ticket.waited)
-                backends = eligible(self.backends, models, parsed.model)  # as they are now
+                # as they are now, and only those with room
+                backends = self.dispatch.with_room(eligible(self.backends, models, parsed.model))
             key = await self.keyer.key(parsed, backends)
             decision = await self.scheduler.route(parsed.model, key, backends, parsed.canonical)
             self.metrics.overhead.observe(time.perf_counter() - started)

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..backends import Backend
 from ..config import QueueSettings
 from ..errors import RequestError
 from .bands import Class, Classifier
@@ -106,6 +107,13 @@ class DispatchQueue:
         if not self._s.enabled:
             return True
         return self.saturation.room(candidates, self._inflight) > self.launching
+
+    def with_room(self, backends: Sequence[Backend]) -> list[Backend]:
+        """Of `backends`, those not saturated (all of them when none has room: a release
+        raced a new arrival): a queued request is bound where it can run now."""
+        sat, inflight = self.saturation, self._inflight
+        out = [b for b in backends if sat.room((b.url,), inflight) > 0]
+        return out or list(backends)
 
     async def admit(
         self,
