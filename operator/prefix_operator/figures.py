@@ -28,6 +28,13 @@ class Totals:
     working_set_tokens: float
     in_flight: float
     updated_at: float  # the newest publication, unix seconds
+    queued: float = 0.0  # requests waiting in the routers' dispatch queues
+    oldest_wait_s: float = 0.0  # the longest any of them has waited
+
+    @property
+    def demand(self) -> float:
+        """In flight plus waiting: the load an autoscaler must serve."""
+        return self.in_flight + self.queued
 
 
 def totals(published: Sequence[RouterFigures], *, now: float,
@@ -46,6 +53,8 @@ def totals(published: Sequence[RouterFigures], *, now: float,
         # Each router counts only the requests passing through itself: these add up.
         in_flight=sum(f.in_flight for f in fresh),
         updated_at=max(f.updated_at for f in fresh),
+        queued=sum(f.queued for f in fresh),
+        oldest_wait_s=max(f.oldest_wait_s for f in fresh),
     )
 
 
@@ -57,6 +66,8 @@ class Figures:
     hit_rate: float | None
     cache_pressure: float | None
     load: float | None
+    queued: float | None = None
+    oldest_wait_s: float | None = None
 
     def as_status(self, updated_at: str) -> dict[str, object]:
         out: dict[str, object] = {"routers": self.routers, "updatedAt": updated_at}
@@ -66,6 +77,10 @@ class Figures:
             out["cachePressure"] = self.cache_pressure
         if self.load is not None:
             out["load"] = self.load
+        if self.queued is not None:
+            out["queued"] = self.queued
+        if self.oldest_wait_s is not None:
+            out["oldestWaitSeconds"] = self.oldest_wait_s
         return out
 
 
@@ -82,4 +97,6 @@ def aggregate(published: Sequence[RouterFigures], *, now: float, ready_replicas:
         hit_rate=round(t.cached_tokens / t.prompt_tokens, 3) if t.prompt_tokens > 0 else None,
         cache_pressure=round(t.working_set_tokens / capacity, 3) if capacity > 0 else None,
         load=round(t.in_flight / ready_replicas, 3) if ready_replicas > 0 else None,
+        queued=t.queued,
+        oldest_wait_s=round(t.oldest_wait_s, 3),
     )

@@ -55,6 +55,8 @@ IN_FLIGHT_METRIC = METRIC_PREFIX + "in_flight"
 # the dispatch queue's demand: requests waiting for an engine with room, the oldest's wait
 QUEUED_METRIC = METRIC_PREFIX + "queued"
 OLDEST_WAIT_METRIC = METRIC_PREFIX + "queue_oldest_wait_seconds"
+# in flight + queued: the load an autoscaler sees, waiting demand included (the adapter's)
+DEMAND_METRIC = METRIC_PREFIX + "demand"
 
 
 def store_prefix(model_key: str) -> str:

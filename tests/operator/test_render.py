@@ -308,7 +308,8 @@ def test_autoscaler_targets_the_model(cfg: OperatorConfig) -> None:
     # Totals over per-replica targets: 500000 KV tokens x 0.7 pressure, 4 in flight.
     assert targets == {
         "prefix_router_working_set_tokens": {"type": "AverageValue", "averageValue": "350000"},
-        "prefix_router_in_flight": {"type": "AverageValue", "averageValue": "4000m"}}
+        "prefix_router_in_flight": {"type": "AverageValue", "averageValue": "4000m"},
+        "prefix_router_demand": {"type": "AverageValue", "averageValue": "4000m"}}
     for m in spec["metrics"]:
         assert m["external"]["metric"]["selector"] == {"matchLabels": {
             "prefixrouter.io/namespace": "ml", "prefixrouter.io/model": "llama"}}
