@@ -42,8 +42,9 @@ GROUP = "external.metrics.k8s.io"
 VERSION = "v1beta1"
 GROUP_VERSION = f"{GROUP}/{VERSION}"
 
-METRICS = (WORKING_SET_METRIC, IN_FLIGHT_METRIC, DEMAND_METRIC, QUEUED_METRIC,
-           OLDEST_WAIT_METRIC)
+# the ones an autoscaler scales on (the HPA the operator renders, the chart's KEDA triggers)
+SCALING = (WORKING_SET_METRIC, IN_FLIGHT_METRIC, DEMAND_METRIC)
+METRICS = (*SCALING, QUEUED_METRIC, OLDEST_WAIT_METRIC)
 
 # The label that carries a model's namespace in its metrics (the HPA's selector names it, so
 # that one selector string is unambiguous even outside the request path's namespace).

@@ -99,9 +99,7 @@ class _Queue(Collector):
         self.read: Callable[[], tuple[int, float]] | None = None
 
     def collect(self) -> Iterator[Metric]:
-        if self.read is None:
-            return
-        queued, oldest = self.read()
+        queued, oldest = self.read() if self.read is not None else (None, None)
         yield GaugeMetricFamily(QUEUED_METRIC, "requests waiting in the router's dispatch queue "
                                 "for an engine with room", value=queued)
         yield GaugeMetricFamily(OLDEST_WAIT_METRIC, "seconds the oldest request in the "
