@@ -2,8 +2,8 @@
 add) reach its running capacity plus `max_waiting` queued at the engine.
 
 Its running capacity is `max_in_flight` when set; otherwise what the engine itself shows: the
-requests it was running while its own waiting queue was over `max_waiting` (vLLM's
-num_requests_running beside num_requests_waiting), or more whenever it runs more. Until an
+most requests it was seen running, once its own waiting queue was seen over `max_waiting`
+(vLLM's num_requests_running beside num_requests_waiting). Until an
 engine has shown a waiting queue its capacity is unknown and it is never saturated: an
 unsaturated fleet never meets the queue. Pure: fed by the health loop's scrapes.
 """
@@ -31,16 +31,13 @@ class Saturation:
 
     def engine_report(self, backend: str, running: float, waiting: float) -> None:
         known = self._capacity.get(backend)
-        if waiting > self._slack and running > 0:
-            # a queue at the engine, not the one step's worth a burst leaves: full, this is
-            # what it runs (its KV cache, max_num_seqs)
-            cap = running
-        elif known is not None and running > known:
-            # it runs more than believed (the queue let slack through): believe it, so a low
-            # estimate climbs back by up to `max_waiting` a scrape
-            cap = running
-        else:
-            return
+        if running <= 0 or (known is not None and running <= known):
+            return  # never lowered: a request waiting out the step in progress beside a free
+            # slot looks like a full engine, and a limit too low would keep it from ever
+            # running more (a limit too high only leaves a queue at the engine, as before)
+        if known is None and waiting <= self._slack:
+            return  # no queue at the engine yet: nothing says it is full
+        cap = running
         self._capacity[backend] = cap
         if (known is None or cap > known) and self.on_change is not None:
             self.on_change()

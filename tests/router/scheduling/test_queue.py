@@ -236,4 +236,6 @@ def test_saturation_learns_capacity_from_the_engines_gauges() -> None:
     assert s.limit(ENGINE) == 10
     s.engine_report(ENGINE, running=10, waiting=0)  # it runs more than believed
     assert s.limit(ENGINE) == 12
+    s.engine_report(ENGINE, running=3, waiting=4)  # waiting out a step beside free slots
+    assert s.limit(ENGINE) == 12
     assert s.room([ENGINE], lambda b: 11.0) == 1
