@@ -63,7 +63,8 @@ class RouterCore:
             return [b.url for b in eligible(self.backends, models, parsed.model)]
 
         tokens = self.keyer.sizing.prompt_tokens(len(parsed.canonical))
-        ticket = await self.dispatch.admit(candidates, headers, tokens, parsed.body, size)
+        ticket = await self.dispatch.admit(candidates, headers, tokens, parsed.body, size,
+                                           [b.url for b in backends])
         try:
             started = time.perf_counter()
             if ticket.waited:

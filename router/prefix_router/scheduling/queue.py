@@ -122,8 +122,10 @@ class DispatchQueue:
         prompt_tokens: float,
         body: Mapping[str, Any],
         size: int,
+        now: Sequence[str] | None = None,
     ) -> Pass:
-        if not self.queued and self.room(candidates()):
+        """`now`: the candidates as the caller has just found them (else `candidates()`)."""
+        if not self.queued and self.room(candidates() if now is None else now):
             self.launching += 1
             return Pass(self)
         cls = self.classifier.classify(headers, prompt_tokens, body)
