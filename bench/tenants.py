@@ -32,6 +32,7 @@ from .report import fmt, md_table, pyplot, save_figure
 MODEL = "tenants-model"
 PROFILE = "llama-3.1-70b-h100"
 TENANT_HEADER = "x-cache-salt"
+BAND_HEADER = "x-priority-band"
 
 # Our router: the queue holds what the engines' running slots cannot take at once (no queue at
 # the engines, so a release goes straight to a slot) and refuses after 10 s of waiting. `prefix`
@@ -42,6 +43,8 @@ BANDS = [{"name": "high", "budget_s": 10.0}, {"name": "standard", "budget_s": 10
 SETUPS: dict[str, tuple[str, dict[str, Any]]] = {
     "prefix": ("prefix", {"queue": {"max_waiting": 0, "max_in_flight": 2, "bands": BANDS}}),
     "prefix-learned": ("prefix", {"queue": {"max_waiting": 0, "bands": BANDS}}),
+    # A's requests in the high band (the header a gateway sets), B's in the default one
+    "prefix-high": ("prefix", {"queue": {"max_waiting": 0, "max_in_flight": 2, "bands": BANDS}}),
     "prefix-noqueue": ("prefix", {"queue": {"enabled": False}}),
     "round-robin": ("round-robin", {"queue": {"enabled": False}}),
     "least-loaded": ("least-loaded", {"queue": {"enabled": False}}),
@@ -127,13 +130,14 @@ def prompt(rng: random.Random, tenant: str, i: int, words: int) -> str:
 
 
 async def send(http: aiohttp.ClientSession, url: str, plan: Plan, s: Sent, text: str,
-               start: float = 0.0) -> None:
+               start: float = 0.0, band: str | None = None) -> None:
     body = {"model": MODEL, "prompt": text, "max_tokens": plan.max_tokens, "stream": True,
             "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     try:
         async with http.post(url + "/v1/completions", json=body,
-                             headers={TENANT_HEADER: s.tenant},
+                             headers={TENANT_HEADER: s.tenant,
+                                      **({BAND_HEADER: band} if band else {})},
                              timeout=aiohttp.ClientTimeout(total=plan.request_timeout_s)) as r:
             s.status = r.status
             s.retry_after = r.headers.get("Retry-After")
@@ -157,7 +161,7 @@ async def send(http: aiohttp.ClientSession, url: str, plan: Plan, s: Sent, text:
         s.error = repr(exc)
 
 
-async def load(url: str, plan: Plan) -> list[Sent]:
+async def load(url: str, plan: Plan, a_band: str | None = None) -> list[Sent]:
     rng = random.Random(plan.seed + 1)
     sent: list[Sent] = []
     tasks = []
@@ -170,7 +174,7 @@ async def load(url: str, plan: Plan) -> list[Sent]:
             s = Sent(tenant, at)
             sent.append(s)
             tasks.append(asyncio.create_task(send(http, url, plan, s, prompt(
-                rng, tenant, i, plan.prompt_words), start)))
+                rng, tenant, i, plan.prompt_words), start, a_band if tenant == "A" else None)))
         await asyncio.gather(*tasks)
     return sent
 
@@ -245,7 +249,7 @@ async def run(plan: Plan, setups: list[str], out: Path, command: str) -> dict[st
             router = await fleet.start_router(name, sims, policy=policy, kv_capacity=200_000,
                                               extra=["--config", str(cfg)])
             t0 = time.perf_counter()
-            sent = await load(router.url, plan)
+            sent = await load(router.url, plan, "high" if name.endswith("-high") else None)
             seconds = time.perf_counter() - t0
             await fleet.stop(router)
             row = summarise(name, plan, sent, seconds)
@@ -266,6 +270,8 @@ async def run(plan: Plan, setups: list[str], out: Path, command: str) -> dict[st
             ours["hold_output_tokens_per_s"] / base["hold_output_tokens_per_s"], 3)
         if base.get("hold_output_tokens_per_s") else None,
     }
+    high = next((r for r in rows if r["router"] == "prefix-high"), {})
+    summary["high_band_ttft_p99_ratio"] = high.get("quiet_ttft_p99_ratio")
     return {"summary": summary, "rows": rows, "plan": asdict(plan), "timelines": timelines,
             "date": now_utc(), **stamp(command)}
 
