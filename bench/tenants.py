@@ -24,7 +24,8 @@ from typing import Any
 import aiohttp
 import yaml
 
-from .harness.fleet import Fleet
+from .harness.anchors import ANCHORS, PACKAGES, missing
+from .harness.fleet import Fleet, Proc, free_port
 from .harness.stats import percentile
 from .provenance import now_utc, stamp
 from .report import fmt, md_table, pyplot, save_figure
@@ -48,7 +49,25 @@ SETUPS: dict[str, tuple[str, dict[str, Any]]] = {
     "prefix-noqueue": ("prefix", {"queue": {"enabled": False}}),
     "round-robin": ("round-robin", {"queue": {"enabled": False}}),
     "least-loaded": ("least-loaded", {"queue": {"enabled": False}}),
+    # SGLang's router with its own admission: a global concurrency limit (every engine slot)
+    # and a FIFO queue with a timeout, as its documentation describes
+    "sglang-cache_aware-limited": ("sglang-cache_aware", {}),
 }
+
+
+async def start_sglang(fleet: Fleet, sims: list[str], plan: Plan) -> Proc:
+    anchor = ANCHORS["sglang-cache_aware"]
+    if why := missing(anchor):
+        raise RuntimeError(why)
+    port = free_port()
+    limits = ("--max-concurrent-requests", str(plan.engines * plan.slots), "--queue-size",
+              "10000", "--queue-timeout-secs", "10")
+    args = [*anchor.command(PACKAGES[anchor.package].python, sims, port, free_port()), *limits]
+
+    def all_healthy(body: str) -> bool:
+        return json.loads(body).get("healthy_workers", 0) >= len(sims)
+
+    return await fleet.start("sglang", args, port, "/readiness", timeout=60.0, ready=all_healthy)
 
 
 @dataclass(frozen=True)
@@ -244,10 +263,14 @@ async def run(plan: Plan, setups: list[str], out: Path, command: str) -> dict[st
         print(f"fleet capacity: {cap:.2f} requests/s", flush=True)
         for name in setups:
             policy, settings = SETUPS[name]
-            cfg = out / "logs" / f"{name}.yaml"
-            cfg.write_text(yaml.safe_dump(settings))
-            router = await fleet.start_router(name, sims, policy=policy, kv_capacity=200_000,
-                                              extra=["--config", str(cfg)])
+            if policy in ANCHORS:
+                router = await start_sglang(fleet, sims, plan)
+            else:
+                cfg = out / "logs" / f"{name}.yaml"
+                cfg.write_text(yaml.safe_dump(settings))
+                router = await fleet.start_router(name, sims, policy=policy,
+                                                  kv_capacity=200_000,
+                                                  extra=["--config", str(cfg)])
             t0 = time.perf_counter()
             sent = await load(router.url, plan, "high" if name.endswith("-high") else None)
             seconds = time.perf_counter() - t0
