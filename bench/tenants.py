@@ -251,7 +251,8 @@ def summarise(name: str, plan: Plan, sent: list[Sent], seconds: float) -> dict[s
 async def run(plan: Plan, setups: list[str], out: Path, command: str) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     timelines: dict[str, list[dict[str, Any]]] = {}
-    async with Fleet(out / "logs") as fleet:
+    logs = Path("bench/.logs/tenants")  # not committed
+    async with Fleet(logs) as fleet:
         sims = []
         for i in range(plan.engines):
             p = await fleet.start_sim(f"sim{i}", model=MODEL, kv_capacity=200_000,
@@ -266,7 +267,7 @@ async def run(plan: Plan, setups: list[str], out: Path, command: str) -> dict[st
             if policy in ANCHORS:
                 router = await start_sglang(fleet, sims, plan)
             else:
-                cfg = out / "logs" / f"{name}.yaml"
+                cfg = logs / f"{name}.yaml"
                 cfg.write_text(yaml.safe_dump(settings))
                 router = await fleet.start_router(name, sims, policy=policy,
                                                   kv_capacity=200_000,
@@ -278,7 +279,9 @@ async def run(plan: Plan, setups: list[str], out: Path, command: str) -> dict[st
             row = summarise(name, plan, sent, seconds)
             print(json.dumps(row), flush=True)
             rows.append(row)
-            timelines[name] = [asdict(s) for s in sent]
+            # [s into the run, tenant, status, TTFT s]: the plot's points, compact
+            timelines[name] = [[round(s.at, 3), s.tenant, s.status,
+                                None if s.ttft is None else round(s.ttft, 4)] for s in sent]
     ours = next(r for r in rows if r["router"] == "prefix")
     rr = next((r for r in rows if r["router"] == "round-robin"), {})
     base = next((r for r in rows if r["router"] == "prefix-noqueue"), {})
@@ -326,9 +329,9 @@ def report(result: dict[str, Any], out: Path) -> None:
     for ax, r in zip(axes, rows, strict=True):
         sent = result["timelines"][r["router"]]
         for tenant, colour in (("A", "tab:blue"), ("B", "tab:orange")):
-            pts = [(x["at"], x["ttft"]) for x in sent if x["tenant"] == tenant and x["ttft"]]
+            pts = [(at, ttft) for at, who, _status, ttft in sent if who == tenant and ttft]
             ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=3, c=colour, label=tenant)
-        refused = [x["at"] for x in sent if x["status"] == 429]
+        refused = [at for at, _who, status, _ttft in sent if status == 429]
         ax.scatter(refused, [0] * len(refused), s=3, c="tab:red", marker="x", label="429")
         ax.set_yscale("log")
         ax.set_ylabel("TTFT s")
