@@ -325,14 +325,17 @@ def report(result: dict[str, Any], out: Path) -> None:
         readme.read_text() else ""
     readme.write_text("\n".join(lines) + (_HAND + kept if kept else ""))
     plt = pyplot()
-    fig, axes = plt.subplots(len(rows), 1, figsize=(9, 2.4 * len(rows)), sharex=True)
+    fig, grid = plt.subplots(len(rows), 1, figsize=(9, 2.4 * len(rows)), sharex=True,
+                             squeeze=False)
+    axes = [row[0] for row in grid]
     for ax, r in zip(axes, rows, strict=True):
         sent = result["timelines"][r["router"]]
         for tenant, colour in (("A", "tab:blue"), ("B", "tab:orange")):
             pts = [(at, ttft) for at, who, _status, ttft in sent if who == tenant and ttft]
             ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=3, c=colour, label=tenant)
         refused = [at for at, _who, status, _ttft in sent if status == 429]
-        ax.scatter(refused, [0] * len(refused), s=3, c="tab:red", marker="x", label="429")
+        # refusals at the foot of the axis (they have no TTFT)
+        ax.scatter(refused, [0.01] * len(refused), s=3, c="tab:red", marker="x", label="429")
         ax.set_yscale("log")
         ax.set_ylabel("TTFT s")
         ax.set_title(r["router"], fontsize=9)
