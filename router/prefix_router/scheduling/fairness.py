@@ -1,11 +1,12 @@
 """Fair share between tenants: start-time fair queuing (Goyal, Vin and Cheng's SFQ), in tokens.
 
 Each queued request gets a start tag S = max(V, F[tenant]) and its tenant's finish tag moves to
-F[tenant] = S + cost / weight; the request with the smallest start tag goes first (arrival
-breaks ties), and the virtual time V becomes that start tag. A tenant sending ten times its
-share only pushes its own tags ahead: a quiet tenant's next request starts at V and goes before
-the busy one's backlog. The cost is the request's prompt tokens plus its expected decode, so a
-tenant of long prompts gets fewer requests through, not more tokens. Pure: no clock, no I/O.
+F[tenant] = S + cost / weight; the request with the smallest start tag goes first, and the
+virtual time V becomes that start tag. A tenant sending ten times its share only pushes its own
+tags ahead: a quiet tenant's next request starts at V and goes before the busy one's backlog
+(a tie of start tags goes to the tenant with fewer waiting, then to the earlier arrival). The
+cost is the request's prompt tokens plus its expected decode, so a tenant of long prompts gets
+fewer requests through, not more tokens. Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ _PRUNE_SLACK = 64
 @dataclass(slots=True, order=True)
 class Entry(Generic[T]):
     start: float
+    depth: int  # its tenant's requests already waiting when it came: ties go to the lighter
     seq: int
     finish: float = field(compare=False)
     tenant: str = field(compare=False)
@@ -50,9 +52,10 @@ class FairQueue(Generic[T]):
         start = max(self.virtual, self._finish.get(tenant, 0.0))
         finish = start + max(cost, 1.0) / weight
         self._finish[tenant] = finish
-        self._waiting[tenant] = self._waiting.get(tenant, 0) + 1
+        depth = self._waiting.get(tenant, 0)
+        self._waiting[tenant] = depth + 1
         self._seq += 1
-        e = Entry(start, self._seq, finish, tenant, item)
+        e = Entry(start, depth, self._seq, finish, tenant, item)
         heapq.heappush(self._heap, e)
         return e
 
