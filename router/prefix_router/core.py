@@ -69,8 +69,9 @@ class RouterCore:
             started = time.perf_counter()
             if ticket.waited:
                 self.metrics.queue_wait.observe(ticket.waited)
-                # as they are now, and only those with room
-                backends = self.dispatch.with_room(eligible(self.backends, models, parsed.model))
+                backends = eligible(self.backends, models, parsed.model)  # as they are now
+            # never to a saturated engine while another has room (all: none saturated)
+            backends = self.dispatch.with_room(backends)
             key = await self.keyer.key(parsed, backends)
             decision = await self.scheduler.route(parsed.model, key, backends, parsed.canonical)
             self.metrics.overhead.observe(time.perf_counter() - started)

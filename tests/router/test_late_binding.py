@@ -56,3 +56,14 @@ async def test_a_released_request_goes_to_an_engine_with_room(make_core):
     assert route.decision.backend == BACKENDS[2]
     for a in held:
         a.close()
+
+
+async def test_no_request_goes_to_a_saturated_engine_while_another_has_room(make_core):
+    core = make_core(BACKENDS, 100_000, queue=QUEUE)
+    held = await _fill(core, BACKENDS[0])  # the first engine's one slot is taken
+    parsed = _parsed("U" * 4000)
+    key = await core.keyer.key(parsed, core.backends.healthy())
+    core.index.own("m", key.hashes, BACKENDS[0])  # its prefix is there
+    route = await core.route(parsed)  # nothing queued: straight through
+    assert core.dispatch.queued == 0 and route.decision.backend != BACKENDS[0]
+    held.close()

@@ -108,12 +108,14 @@ class DispatchQueue:
             return True
         return self.saturation.room(candidates, self._inflight) > self.launching
 
-    def with_room(self, backends: Sequence[Backend]) -> list[Backend]:
+    def with_room(self, backends: Sequence[Backend]) -> Sequence[Backend]:
         """Of `backends`, those not saturated (all of them when none has room: a release
-        raced a new arrival): a queued request is bound where it can run now."""
+        raced a new arrival): a request is bound where it can run now."""
+        if not self._s.enabled:
+            return backends
         sat, inflight = self.saturation, self._inflight
         out = [b for b in backends if sat.room((b.url,), inflight) > 0]
-        return out or list(backends)
+        return out if out and len(out) < len(backends) else backends
 
     async def admit(
         self,
