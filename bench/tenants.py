@@ -217,6 +217,10 @@ async def measure_capacity(fleet: Fleet, sims: list[str], plan: Plan) -> float:
         return done / (time.perf_counter() - t0)
 
 
+def whole(s: Sent) -> bool:
+    return s.status == 200 and not s.error and not s.timeout and s.done_at is not None
+
+
 def summarise(name: str, plan: Plan, sent: list[Sent], seconds: float) -> dict[str, Any]:
     lo, hi = plan.hold()
     a_alone = [s.ttft for s in sent if s.tenant == "A" and s.at < plan.alone_s and s.ttft]
@@ -230,8 +234,9 @@ def summarise(name: str, plan: Plan, sent: list[Sent], seconds: float) -> dict[s
         "a_ttft_p99_alone_ms": round(p_alone * 1000, 1) if p_alone else None,
         "a_ttft_p99_burst_ms": round(p_burst * 1000, 1) if p_burst else None,
         "quiet_ttft_p99_ratio": round(p_burst / p_alone, 3) if p_alone and p_burst else None,
-        "a_ok": sum(s.tenant == "A" and s.status == 200 and not s.error for s in sent),
-        "b_ok": sum(s.tenant == "B" and s.status == 200 and not s.error for s in sent),
+        # whole answers: a stream the client's timeout cut is a timeout, not an answer
+        "a_ok": sum(s.tenant == "A" and whole(s) for s in sent),
+        "b_ok": sum(s.tenant == "B" and whole(s) for s in sent),
         "b_429": sum(s.tenant == "B" for s in too_many),
         "a_429": sum(s.tenant == "A" for s in too_many),
         "retry_after_on_all_429": all(s.retry_after for s in too_many),
