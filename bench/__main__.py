@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from . import abuse
+from . import abuse, tenants
 from .harness.workloads import WORKLOADS
 from .scenarios import SCENARIOS, SETUPS, Scenario, setup
 
@@ -76,6 +76,7 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("install", help="the anchors' and clients' pinned, cached venvs").add_argument(
         "names", nargs="*", metavar="name", help="default: every one")
     abuse.register(sub)
+    tenants.register(sub)
     return p
 
 
@@ -135,6 +136,8 @@ def main(argv: list[str] | None = None) -> None:
         autoscale(args, command)
     elif args.cmd == "abuse":
         abuse.main(args, command)
+    elif args.cmd == "tenants":
+        tenants.main(args, command)
     else:
         scenarios(args, command)
 

@@ -7,6 +7,10 @@ renders (render.horizontal_pod_autoscaler) that division is the capacity model i
 
     prefix_router_working_set_tokens / (kvCapacityTokens x targetCachePressure)
     prefix_router_in_flight          / targetLoad
+    prefix_router_demand             / targetLoad   (in flight + queued: waiting demand)
+
+and, for dashboards and custom HPAs, prefix_router_queued (requests waiting in the routers'
+dispatch queues) and prefix_router_queue_oldest_wait_seconds (the longest wait: a max).
 
 The names are the contract's (prefix_router.contract), the same as the routers' own series.
 
@@ -22,7 +26,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from prefix_router.contract import IN_FLIGHT_METRIC, WORKING_SET_METRIC, RouterFigures
+from prefix_router.contract import (
+    DEMAND_METRIC,
+    IN_FLIGHT_METRIC,
+    OLDEST_WAIT_METRIC,
+    QUEUED_METRIC,
+    WORKING_SET_METRIC,
+    RouterFigures,
+)
 
 from .figures import STALE_AFTER_SECONDS, Totals, totals
 from .naming import MODEL_LABEL
@@ -31,7 +42,9 @@ GROUP = "external.metrics.k8s.io"
 VERSION = "v1beta1"
 GROUP_VERSION = f"{GROUP}/{VERSION}"
 
-METRICS = (WORKING_SET_METRIC, IN_FLIGHT_METRIC)
+# the ones an autoscaler scales on (the HPA the operator renders, the chart's KEDA triggers)
+SCALING = (WORKING_SET_METRIC, IN_FLIGHT_METRIC, DEMAND_METRIC)
+METRICS = (*SCALING, QUEUED_METRIC, OLDEST_WAIT_METRIC)
 
 # The label that carries a model's namespace in its metrics (the HPA's selector names it, so
 # that one selector string is unambiguous even outside the request path's namespace).
@@ -43,6 +56,12 @@ def value(t: Totals, metric: str) -> float:
         return t.working_set_tokens
     if metric == IN_FLIGHT_METRIC:
         return t.in_flight
+    if metric == DEMAND_METRIC:
+        return t.demand
+    if metric == QUEUED_METRIC:
+        return t.queued
+    if metric == OLDEST_WAIT_METRIC:
+        return t.oldest_wait_s
     raise KeyError(metric)
 
 

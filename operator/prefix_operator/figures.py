@@ -33,6 +33,13 @@ class Totals:
     engines: int = 0
     exact: int = 0
     degraded: int = 0
+    queued: float = 0.0  # requests waiting in the routers' dispatch queues
+    oldest_wait_s: float = 0.0  # the longest any of them has waited
+
+    @property
+    def demand(self) -> float:
+        """In flight plus waiting: the load an autoscaler must serve."""
+        return self.in_flight + self.queued
 
 
 def totals(published: Sequence[RouterFigures], *, now: float,
@@ -54,6 +61,8 @@ def totals(published: Sequence[RouterFigures], *, now: float,
         engines=int(max(f.engines for f in fresh)),
         exact=int(min(f.engines_exact for f in fresh)),
         degraded=int(max(f.engines_degraded for f in fresh)),
+        queued=sum(f.queued for f in fresh),
+        oldest_wait_s=max(f.oldest_wait_s for f in fresh),
     )
 
 
@@ -84,6 +93,8 @@ class Figures:
     cache_pressure: float | None
     load: float | None
     index: IndexStates | None = None
+    queued: float | None = None
+    oldest_wait_s: float | None = None
 
     def as_status(self, updated_at: str) -> dict[str, object]:
         out: dict[str, object] = {"routers": self.routers, "updatedAt": updated_at}
@@ -95,6 +106,10 @@ class Figures:
             out["cachePressure"] = self.cache_pressure
         if self.load is not None:
             out["load"] = self.load
+        if self.queued is not None:
+            out["queued"] = self.queued
+        if self.oldest_wait_s is not None:
+            out["oldestWaitSeconds"] = self.oldest_wait_s
         return out
 
 
@@ -112,4 +127,6 @@ def aggregate(published: Sequence[RouterFigures], *, now: float, ready_replicas:
         cache_pressure=round(t.working_set_tokens / capacity, 3) if capacity > 0 else None,
         load=round(t.in_flight / ready_replicas, 3) if ready_replicas > 0 else None,
         index=IndexStates(t.engines, t.exact, t.degraded) if t.engines > 0 else None,
+        queued=t.queued,
+        oldest_wait_s=round(t.oldest_wait_s, 3),
     )

@@ -15,7 +15,12 @@ from typing import Any
 
 import yaml
 
-from prefix_router.contract import IN_FLIGHT_METRIC, WORKING_SET_METRIC, RouterSettings
+from prefix_router.contract import (
+    DEMAND_METRIC,
+    IN_FLIGHT_METRIC,
+    WORKING_SET_METRIC,
+    RouterSettings,
+)
 
 from . import API_VERSION, KIND
 from .config import OperatorConfig
@@ -495,6 +500,11 @@ def horizontal_pod_autoscaler(model: Model, cfg: OperatorConfig) -> Body:
                        "averageValue": str(working_set_per_replica)}}},
         {"type": "External", "external": {
             "metric": {"name": IN_FLIGHT_METRIC, "selector": selector},
+            "target": {"type": "AverageValue", "averageValue": _milli(a.target_load)}}},
+        # the same target over in flight + queued (the HPA takes the largest): the demand
+        # waiting in the routers' dispatch queues brings more replicas too
+        {"type": "External", "external": {
+            "metric": {"name": DEMAND_METRIC, "selector": selector},
             "target": {"type": "AverageValue", "averageValue": _milli(a.target_load)}}},
     ]
     return {"spec": {

@@ -72,6 +72,19 @@ class ResourcesSpec(_Spec):
     tolerations: tuple[Toleration, ...] = ()
 
 
+class TenantSpec(_Spec):
+    weight: float = 1.0
+    band: str | None = None
+
+
+class QueueSpec(_Spec):
+    """The routers' dispatch queue (router settings `queue`)."""
+
+    max_in_flight: int = 0
+    max_waiting: int = 4
+    tenants: dict[str, TenantSpec] = Field(default_factory=dict)
+
+
 class RouterSpec(_Spec):
     replicas: int = 2
     image: str | None = None
@@ -86,6 +99,7 @@ class RouterSpec(_Spec):
     kv_capacity_tokens: int = 0
     index: Literal["approx", "corrected", "events"] | None = None
     tokenizer: str | None = None
+    queue: QueueSpec = Field(default_factory=QueueSpec)
     cpu: str = "500m"
     memory: str = "512Mi"
 

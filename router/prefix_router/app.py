@@ -99,8 +99,7 @@ async def _completions(request: web.Request, kind: Kind) -> web.StreamResponse:
         # a Responses API follow-up: only the engine that stored its history can answer
         route = await core.pinned(parsed, previous)
     else:
-        session = request.headers.get(s.session_header) if s.session_header else None
-        route = await core.route(parsed, session)
+        route = await core.route(parsed, request.headers, len(raw))
     return await forward(request, route, raw, core.ledger, app[UPSTREAM])
 
 
@@ -214,7 +213,8 @@ def build_app(settings: RouterSettings, discovery: Discovery | None = None) -> w
         await core.start()
         await passthrough.start()
         health = HealthLoop(settings.health, backends, core.load, core.index, core.metrics, probes,
-                            on_metrics=core.states.scraped)
+                            on_metrics=core.states.scraped,
+                            gauges=core.dispatch.saturation.engine_report)  # fmt: skip
 
         def on_change(urls: Sequence[str]) -> None:
             backends.set_members(urls)
@@ -312,6 +312,7 @@ async def serve(
     try:
         await stop.wait()
         app[DRAINING].set()
+        app[CORE].dispatch.drain()  # what waits for an engine goes to another replica now
         log.info("draining: not ready; serving for %gs more", settings.drain_grace_s)
         await asyncio.sleep(settings.drain_grace_s)
         log.info("closing the listener; requests in flight get %gs", settings.shutdown_timeout_s)

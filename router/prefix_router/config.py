@@ -147,6 +147,64 @@ class HealthSettings(_Strict):
     stall_after_s: float = Field(default=10.0, gt=0)
 
 
+class BandSettings(_Strict):
+    """One priority band of the dispatch queue (scheduling/queue.py)."""
+
+    name: str = Field(min_length=1)
+    # A request of this band that waits longer than this is refused: 429 with Retry-After.
+    budget_s: float = Field(default=30.0, gt=0)
+    # Refused with 429 at once, rather than queued, when every engine is saturated.
+    sheddable: bool = False
+
+
+class TenantSettings(_Strict):
+    """A tenant's share of a saturated fleet and its default band."""
+
+    weight: float = Field(default=1.0, gt=0)
+    band: str | None = None
+
+
+def _default_bands() -> list[BandSettings]:
+    return [BandSettings(name="high"), BandSettings(name="standard"),
+            BandSettings(name="sheddable", budget_s=5.0, sheddable=True)]  # fmt: skip
+
+
+class QueueSettings(_Strict):
+    """The dispatch queue: where requests wait while every engine for them is saturated
+    (scheduling/queue.py, saturation.py, fairness.py)."""
+
+    enabled: bool = True
+    # An engine is saturated when its requests in flight reach its running capacity plus
+    # this many waiting at the engine. Its capacity is what it was running while its own
+    # waiting queue was not empty (its /metrics gauges), or `max_in_flight` when set.
+    max_waiting: int = Field(default=4, ge=0)
+    max_in_flight: int = Field(default=0, ge=0)  # 0: learned from the engine's gauges
+    # Bounds of what waits: beyond either a request is refused (429) at once.
+    max_requests: int = Field(default=10_000, ge=1)
+    max_bytes: int = Field(default=256 * 2**20, ge=1024)
+    # Priority bands, highest first; a request's band comes from `band_header` (set by a
+    # trusted gateway), else its tenant's entry, else `default_band`.
+    bands: list[BandSettings] = Field(default_factory=_default_bands, min_length=1)
+    default_band: str = "standard"
+    band_header: str | None = "x-priority-band"
+    # The tenant: this header's value (default: salt_header), else a hash of the
+    # Authorization key (`key:` + 16 hex digits of its sha256), else one tenant for all.
+    tenant_header: str | None = None
+    tenants: dict[str, TenantSettings] = Field(default_factory=dict)
+    # A request's cost is its prompt tokens plus its max_tokens, or this when it sets none.
+    default_decode_tokens: int = Field(default=256, ge=1)
+
+    @model_validator(mode="after")
+    def _bands_known(self) -> QueueSettings:
+        names = [b.name for b in self.bands]
+        if len(set(names)) != len(names):
+            raise ValueError("queue.bands: band names must be distinct")
+        for band in [self.default_band, *(t.band for t in self.tenants.values() if t.band)]:
+            if band not in names:
+                raise ValueError(f"queue: band {band!r} is not in queue.bands ({names})")
+        return self
+
+
 class RouterSettings(_Strict):
     """Every setting of the router. The reasons behind the measured defaults, with the runs
     that measured them, are in bench/results/router-settings/README.md."""
@@ -252,6 +310,7 @@ class RouterSettings(_Strict):
     store: StoreSettings = Field(default_factory=StoreSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
     events: EventSettings = Field(default_factory=EventSettings)
+    queue: QueueSettings = Field(default_factory=QueueSettings)
 
     @model_validator(mode="after")
     def _free_port_free_metrics(self) -> RouterSettings:

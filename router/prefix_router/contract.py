@@ -55,6 +55,11 @@ WORKING_SET_WINDOW_S = 60
 METRIC_PREFIX = "prefix_router_"
 WORKING_SET_METRIC = METRIC_PREFIX + "working_set_tokens"
 IN_FLIGHT_METRIC = METRIC_PREFIX + "in_flight"
+# the dispatch queue's demand: requests waiting for an engine with room, the oldest's wait
+QUEUED_METRIC = METRIC_PREFIX + "queued"
+OLDEST_WAIT_METRIC = METRIC_PREFIX + "queue_oldest_wait_seconds"
+# in flight + queued: the load an autoscaler sees, waiting demand included (the adapter's)
+DEMAND_METRIC = METRIC_PREFIX + "demand"
 
 
 def store_prefix(model_key: str) -> str:
@@ -125,6 +130,8 @@ class RouterFigures:
     cached_tokens: float = 0.0  # of which predicted to hit a cached prefix
     working_set_tokens: float = 0.0  # the model-wide working set (the shared count)
     in_flight: float = 0.0  # requests in flight through this router now
+    queued: float = 0.0  # requests waiting in this router's dispatch queue now
+    oldest_wait_s: float = 0.0  # seconds the oldest of them has waited
     updated_at: float = 0.0  # unix seconds of the publication
     # the engines this router routes to, by how its index knows them (index/__init__.py):
     # EXACT (KV events in sequence) and DEGRADED; the rest are ESTIMATED

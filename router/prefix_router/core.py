@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .attempt import Ledger, Route
@@ -29,11 +29,16 @@ from .prefix import chain_seed
 from .response_ids import Holders, ResponseIds
 from .restarts import RestartDetector
 from .scheduling import Decision, Scheduler
+from .scheduling.bands import Classifier
 from .scheduling.filters import eligible
+from .scheduling.queue import DispatchQueue
+from .scheduling.saturation import Saturation
 from .scheduling.scorers import Signals
 from .sessions import Sessions, session_key
 from .sizing import Sizing
 from .store import Store, make_store
+
+_NO_HEADERS: Mapping[str, str] = {}
 
 
 @dataclass(slots=True)
@@ -50,19 +55,47 @@ class RouterCore:
     offload: Offload
     responses: Holders  # which engine holds each stored Responses API response
     states: EngineStates  # each engine's index state; engines found emptied
+    dispatch: DispatchQueue
 
-    async def route(self, parsed: ParsedRequest, session: str | None = None) -> Route:
-        """`session`: the id the client named its session by (`session_header`)."""
-        started = time.perf_counter()
+    async def route(
+        self, parsed: ParsedRequest, headers: Mapping[str, str] = _NO_HEADERS, size: int = 0
+    ) -> Route:
+        """Route a request, once an engine for it has room (the dispatch queue: it may wait,
+        or be refused with 429). It is scored and bound only then (late binding); its
+        Attempt must start in the same step as this returns (proxy.forward does)."""
+        arrived = time.perf_counter()
         models = frozenset(self.settings.models)
         backends = eligible(self.backends, models, parsed.model)
-        key = await self.keyer.key(parsed, backends)
-        named = session_key(session, parsed.cache_salt) if session else None
-        decision = await self.scheduler.route(
-            parsed.model, key, backends, parsed.canonical, named
-        )
-        self.metrics.overhead.observe(time.perf_counter() - started)
-        return Route(parsed, key, decision, started, named)
+
+        def candidates() -> list[str]:
+            return [b.url for b in eligible(self.backends, models, parsed.model)]
+
+        tokens = self.keyer.sizing.prompt_tokens(len(parsed.canonical))
+        ticket = await self.dispatch.admit(candidates, headers, tokens, parsed.body, size,
+                                           [b.url for b in backends])
+        try:
+            started = time.perf_counter()
+            if ticket.waited:
+                self.metrics.queue_wait.observe(ticket.waited)
+                backends = eligible(self.backends, models, parsed.model)  # as they are now
+            # never to a saturated engine while another has room (all: none saturated)
+            backends = self.dispatch.with_room(backends)
+            key = await self.keyer.key(parsed, backends)
+            named = self._session(parsed, headers)
+            decision = await self.scheduler.route(
+                parsed.model, key, backends, parsed.canonical, named
+            )
+            self.metrics.overhead.observe(time.perf_counter() - started)
+        finally:
+            ticket.bound()
+        # TTFT as the client sees it: from arrival, the queue's wait included
+        return Route(parsed, key, decision, arrived, named)
+
+    def _session(self, parsed: ParsedRequest, headers: Mapping[str, str]) -> int | None:
+        """The session the client named (`session_header`), keyed with its tenant's salt."""
+        header = self.settings.session_header
+        session = headers.get(header) if header else None
+        return session_key(session, parsed.cache_salt) if session else None
 
     async def pinned(self, parsed: ParsedRequest, response_id: str) -> Route:
         """A request only one engine can answer: the one holding `response_id` (a
@@ -142,7 +175,29 @@ def build_core(
     backends.on_gone(states.forget)  # a replacement starts a new baseline
     backends.on_gone(load.forget)
     backends.on_gone(signals.steps.forget)  # what was learned of its rhythm goes with it
+    dispatch = build_dispatch(s, load, metrics, clock)
+    backends.on_gone(dispatch.saturation.forget)
+    backends.on_join(lambda _url: dispatch.pump())
+    store.show_demand(dispatch.demand)
     return RouterCore(
         s, backends, load, metrics, store, index, keyer, scheduler, ledger, offload, responses,
-        states,
+        states, dispatch,
     )
+
+
+def build_dispatch(
+    s: RouterSettings, load: LoadTracker, metrics: RouterMetrics, clock: Callable[[], float]
+) -> DispatchQueue:
+    """The dispatch queue, released by every fall of load (scheduling/queue.py)."""
+    names = [b.name for b in s.queue.bands]
+
+    def report(decision: str, reason: str, band: int) -> None:
+        metrics.count_queue(decision, reason, names[band])
+
+    saturation = Saturation(s.queue)
+    q = DispatchQueue(s.queue, Classifier(s.queue, s.salt_header), saturation, load.inflight,
+                      report, clock)  # fmt: skip
+    load.on_release = q.pump
+    saturation.on_change = q.pump
+    metrics.watch_queue(q.demand)
+    return q

@@ -28,15 +28,15 @@ _SCANNED = _QUEUE + PROGRESS
 _FIRST4 = frozenset(name[:4] for name in _SCANNED)
 
 
-def engine_figures(text: bytes) -> tuple[float | None, float | None]:
-    """From Prometheus text: running + waiting summed over label sets, and the sum of the
-    progress counters (progress.py); each None where the page has none of them.
+def engine_figures(text: bytes) -> tuple[tuple[float, float] | None, float | None]:
+    """From Prometheus text: (running, waiting), each summed over label sets, and the sum of
+    the progress counters (progress.py); each None where the page has none of them.
 
     A line scan rather than prometheus_client's parser: we need a few series out of a page of
     histograms, once a second per backend, and the full parser costs ~50x more on the loop.
     """
-    depth = progress = 0.0
-    found_depth = found_progress = False
+    running = waiting = progress = 0.0
+    found_gauges = found_progress = False
     for line in text.split(b"\n"):
         if line[:4] not in _FIRST4:  # comments, and the engine's other series
             continue
@@ -46,14 +46,18 @@ def engine_figures(text: bytes) -> tuple[float | None, float | None]:
                     value = float(line.rsplit(b" ", 1)[1])
                 except (ValueError, IndexError):
                     break
-                if name in _QUEUE:
-                    depth += value
-                    found_depth = True
+                if name in _RUNNING:
+                    running += value
+                    found_gauges = True
+                elif name in _WAITING:
+                    waiting += value
+                    found_gauges = True
                 else:
                     progress += value
                     found_progress = True
                 break
-    return (depth if found_depth else None), (progress if found_progress else None)
+    gauges = (running, waiting) if found_gauges else None
+    return gauges, (progress if found_progress else None)
 
 
 class HealthLoop:
@@ -66,6 +70,7 @@ class HealthLoop:
         metrics: RouterMetrics,
         session: aiohttp.ClientSession,
         on_metrics: Callable[[str, bytes], None] | None = None,
+        gauges: Callable[[str, float, float], None] | None = None,
     ) -> None:
         self._s = settings
         # each engine's /metrics page as scraped (engine_states.py reads restarts in it)
@@ -75,6 +80,7 @@ class HealthLoop:
         self._index = index
         self._metrics = metrics
         self._session = session
+        self._gauges = gauges  # (backend, running, waiting) at each scrape: saturation
         self._timeout = aiohttp.ClientTimeout(total=settings.probe_timeout_s)
         self._tasks: list[asyncio.Task[None]] = []
         self._blind: set[str] = set()  # backends whose /metrics give no load: said once
@@ -133,14 +139,14 @@ class HealthLoop:
             await asyncio.sleep(self._s.probe_interval_s)
 
     async def _scrape(self, url: str) -> None:
-        depth = progress = None
+        gauges = progress = None
         why = ""
         read = False
         try:
             async with self._session.get(url + "/metrics", timeout=self._timeout) as r:
                 if r.status == 200:
                     page = await r.read()
-                    depth, progress = engine_figures(page)
+                    gauges, progress = engine_figures(page)
                     read = True
                     if self._on_metrics is not None:
                         self._on_metrics(url, page)
@@ -150,8 +156,10 @@ class HealthLoop:
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             why = repr(exc)
         self._watch(url, progress, read)
-        if depth is not None:
-            self._load.engine_report(url, depth)
+        if gauges is not None:
+            if self._gauges is not None:
+                self._gauges(url, *gauges)
+            self._load.engine_report(url, gauges[0] + gauges[1])
             self._blind.discard(url)
         elif url not in self._blind:
             # not an error (llama.cpp serves /metrics only with --metrics), but the load

@@ -12,7 +12,8 @@ from collections.abc import Callable
 
 class LoadTracker:
     __slots__ = (
-        "_external", "_inflight", "_pending", "_remote", "_remote_pending", "on_edge", "version",
+        "_external", "_inflight", "_pending", "_remote", "_remote_pending", "on_edge", "on_release",
+        "version",
     )
 
     def __init__(self) -> None:
@@ -29,6 +30,9 @@ class LoadTracker:
         # called as each request is sent and as it ends: a shared store tells the other
         # routers at once (with the end goes the answer's record, for the next turn)
         self.on_edge: Callable[[], None] | None = None
+        # called whenever load may have gone (a prefill over, a request ended, the others'
+        # or the engine's own figures read): the dispatch queue releases what now fits
+        self.on_release: Callable[[], None] | None = None
 
     def start(self, backend: str, prefill_tokens: float) -> None:
         self._inflight[backend] = self._inflight.get(backend, 0) + 1
@@ -41,6 +45,8 @@ class LoadTracker:
         left = self._pending.get(backend, 0.0) - prefill_tokens
         self._pending[backend] = left if left > 1e-6 else 0.0
         self.version += 1
+        if self.on_release is not None:
+            self.on_release()
 
     def finish(self, backend: str) -> None:
         n = self._inflight.get(backend, 0) - 1
@@ -48,6 +54,8 @@ class LoadTracker:
         self.version += 1
         if self.on_edge is not None:
             self.on_edge()
+        if self.on_release is not None:
+            self.on_release()
 
     def engine_report(self, backend: str, running_plus_waiting: float) -> None:
         # what the engine runs beyond what the routers we know of sent it
@@ -55,10 +63,14 @@ class LoadTracker:
             running_plus_waiting - self._inflight.get(backend, 0) - self._remote.get(backend, 0.0)
         )
         self._external[backend] = extra if extra > 0 else 0.0
+        if self.on_release is not None:
+            self.on_release()
 
     def set_remote(self, in_flight: dict[str, float], pending: dict[str, float]) -> None:
         self._remote = in_flight
         self._remote_pending = pending
+        if self.on_release is not None:
+            self.on_release()
 
     def own_counts(self) -> dict[str, int]:
         return {b: n for b, n in self._inflight.items() if n}

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .contract import WORKING_SET_METRIC
+from .contract import OLDEST_WAIT_METRIC, QUEUED_METRIC, WORKING_SET_METRIC
 
 if TYPE_CHECKING:
     from .store import StoreStats
@@ -111,6 +111,20 @@ class _IndexStates(Collector):
             for s in STATES:
                 g.add_metric([backend, s], 1.0 if s == state else 0.0)
         yield g
+
+
+class _Queue(Collector):
+    """The dispatch queue's demand, read at each scrape (scheduling/queue.py)."""
+
+    def __init__(self) -> None:
+        self.read: Callable[[], tuple[int, float]] | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        queued, oldest = self.read() if self.read is not None else (None, None)
+        yield GaugeMetricFamily(QUEUED_METRIC, "requests waiting in the router's dispatch queue "
+                                "for an engine with room", value=queued)
+        yield GaugeMetricFamily(OLDEST_WAIT_METRIC, "seconds the oldest request in the "
+                                "dispatch queue has waited", value=oldest)
 
 
 class RouterMetrics:
@@ -241,6 +255,18 @@ class RouterMetrics:
             ["backend", "reason"],
             registry=r,
         )
+        self._queue = _Queue()
+        r.register(self._queue)
+        self.queue_decisions = Counter(
+            "prefix_router_queue_decisions",
+            "Dispatch queue decisions (queued, released, refused) by reason and band",
+            ["decision", "reason", "band"],
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "prefix_router_queue_wait_seconds", "Time released requests waited in the queue",
+            buckets=_LATENCY, registry=r,
+        )
         self._prompt_sum = 0.0
         self._pred_sum = 0.0
         self._children: dict[tuple[int | str, ...], object] = {}
@@ -289,6 +315,13 @@ class RouterMetrics:
 
     def count_drop(self, backend: str, reason: str) -> None:
         self.engine_drops.labels(backend, reason).inc()
+
+    def count_queue(self, decision: str, reason: str, band: str) -> None:
+        self._child(self.queue_decisions, decision, reason, band).inc()
+
+    def watch_queue(self, read: Callable[[], tuple[int, float]]) -> None:
+        """Show the dispatch queue's (requests waiting, oldest wait), as `read` tells."""
+        self._queue.read = read
 
     def watch_events(self, read: Callable[[], EventStats]) -> None:
         """Show the engines' KV-event streams (index: events), as `read` tells at a scrape."""

@@ -57,7 +57,7 @@ def _named(line: bytes, name: bytes) -> bool:
 
 def read_vitals(text: bytes) -> Vitals:
     """The vitals in a Prometheus text page (summed over label sets; a line scan, as
-    health.engine_queue_depth, for the same reason: a page of histograms each second)."""
+    health.engine_figures, for the same reason: a page of histograms each second)."""
     started = awake = resets = served = None
     for line in text.split(b"\n"):
         if not line or line[0] == 35:  # '#'

@@ -54,6 +54,9 @@ class Store:
     def stats(self) -> StoreStats:
         return StoreStats()
 
+    def show_demand(self, read: Callable[[], tuple[int, float]]) -> None:
+        """The dispatch queue's (requests waiting, oldest wait), for the figures."""
+
     async def start(self) -> None:
         return None
 

@@ -303,7 +303,8 @@ def test_keda_reads_our_values_at_value_location(
                  "cacheStore": {"type": "external", "url": f"redis://127.0.0.1:{port}/0"}},
     })  # fmt: skip
     publish(store, ns, "llama", working_set=123456, in_flight=7)
-    expected = {"prefix_router_working_set_tokens": 123456, "prefix_router_in_flight": 7}
+    expected = {"prefix_router_working_set_tokens": 123456, "prefix_router_in_flight": 7,
+                "prefix_router_demand": 7}  # nothing queued
     for t in release.scaled["spec"]["triggers"]:
         url, location = t["metadata"]["url"], t["metadata"]["valueLocation"]
         metric = urllib.parse.urlsplit(url).path.rsplit("/", 1)[-1]

@@ -263,7 +263,7 @@ def test_all_options_render(all_objs: list[dict[str, Any]]) -> None:
     assert scaled["spec"]["scaleTargetRef"] == {"apiVersion": f"{GROUP}/{VERSION}",
                                                 "kind": KIND, "name": "llama"}
     urls = [t["metadata"]["url"] for t in scaled["spec"]["triggers"]]
-    for url, metric in zip(urls, external_metrics.METRICS, strict=True):
+    for url, metric in zip(urls, external_metrics.SCALING, strict=True):
         parsed = urllib.parse.urlsplit(url)
         assert parsed.path.endswith(f"/namespaces/ml/{metric}")
         assert urllib.parse.parse_qs(parsed.query)["labelSelector"] == [

@@ -145,15 +145,16 @@ def prm(cp: Any, ns: str, name: str, store: redis.Redis, **spec: Any) -> None:
 
 
 def publish(store: redis.Redis, ns: str, name: str,
-            routers: dict[str, tuple[int, int]], age: float = 0.0) -> None:
+            routers: dict[str, tuple[int, ...]], age: float = 0.0) -> None:
     """What router replicas publish (contract.RouterFigures): per router id,
-    (working_set_tokens, in_flight), stamped `age` seconds ago (a negative age: ahead, so that
-    they stay fresh through several queries on a slow machine; STALE_AFTER is short)."""
+    (working_set_tokens, in_flight[, queued]), stamped `age` seconds ago (a negative age:
+    ahead, so that they stay fresh through several queries on a slow machine; STALE_AFTER is
+    short)."""
     at = time.time() - age
-    for rid, (working_set, in_flight) in routers.items():
+    for rid, (working_set, in_flight, *queued) in routers.items():
         store.hset(StoreKeys(f"{ns}/{name}").figures(rid), mapping=RouterFigures(
             prompt_tokens=1000, cached_tokens=500, working_set_tokens=working_set,
-            in_flight=in_flight, updated_at=at).as_hash())
+            in_flight=in_flight, queued=sum(queued), updated_at=at).as_hash())
 
 
 def raw(cp: Any, path: str) -> Any:
@@ -180,7 +181,9 @@ def test_discovery_through_the_aggregator(cp: Any, adapter: MetricsAdapter) -> N
     resources = raw(cp, f"/apis/{GV}")
     assert resources["kind"] == "APIResourceList"
     assert sorted(r["name"] for r in resources["resources"]) == [
-        "prefix_router_in_flight", "prefix_router_working_set_tokens"]
+        "prefix_router_demand", "prefix_router_in_flight",
+        "prefix_router_queue_oldest_wait_seconds", "prefix_router_queued",
+        "prefix_router_working_set_tokens"]
     groups = {g["name"] for g in raw(cp, "/apis")["groups"]}
     assert "external.metrics.k8s.io" in groups
     out = cp.kubectl("api-resources", "--api-group=external.metrics.k8s.io", "-o", "name")
@@ -299,7 +302,7 @@ def stamp(value: str) -> float:
 def _hpa_end_to_end(cp: Any, ns: str, store: redis.Redis, adapter: MetricsAdapter) -> None:
     name = "auto"
     # Per replica: 100k KV tokens x 0.8 = 80k tokens of working set, 4 requests in flight.
-    prm(cp, ns, name, store, minReplicas=1, maxReplicas=4,
+    prm(cp, ns, name, store, minReplicas=1, maxReplicas=5,
         router={"kvCapacityTokens": 100000},
         autoscaling={"enabled": True, "targetCachePressure": 0.8, "targetLoad": 4,
                      "scaleDownStabilizationSeconds": 5})
@@ -335,6 +338,12 @@ def _hpa_end_to_end(cp: Any, ns: str, store: redis.Redis, adapter: MetricsAdapte
     cp.wait_for(lambda: scaled_to(4, {"r1": (300000, 1), "r2": (250000, 1)}), 60,
                 "the HPA to scale the model to 4 on cache pressure", interval=0.5)
 
+    # Waiting demand (issue 39): 2 in flight and 18 in the routers' queues at 4 a replica ask
+    # for ceil(20 / 4) = 5, though in flight alone would ask for 1, the working set for 4.
+    cp.wait_for(lambda: scaled_to(5, {"r1": (300000, 1, 9), "r2": (250000, 1, 9)}), 60,
+                "the HPA to scale the model to 5 on the demand waiting in the queues",
+                interval=0.5)
+
     # The routers fall silent: no values, so the HPA holds (it would scale down on zeros).
     keys = StoreKeys(f"{ns}/{name}")
     last_published = max(RouterFigures.from_hash(store.hgetall(k)).updated_at
@@ -346,13 +355,14 @@ def _hpa_end_to_end(cp: Any, ns: str, store: redis.Redis, adapter: MetricsAdapte
     # Not before the data went stale (the HPA's own record; whole seconds, hence the 1).
     failed_at = stamp(cond(hpa, "ScalingActive")["lastTransitionTime"])
     assert failed_at >= last_published + STALE_AFTER - 1, (failed_at, last_published)
-    assert get(cp, ns, "prm", name)["spec"]["replicas"] == 4
+    assert get(cp, ns, "prm", name)["spec"]["replicas"] == 5
     # The HPA keeps asking and getting nothing, and holds: two more of its syncs (each one
-    # asks our adapter for both metrics; 5 s apart, so past the 5 s scale-down window too).
+    # asks our adapter for each of its three metrics; 5 s apart, so past the 5 s scale-down
+    # window too).
     asked = adapter_answers(adapter, ns)
-    cp.wait_for(lambda: adapter_answers(adapter, ns) >= asked + 4, 60,
+    cp.wait_for(lambda: adapter_answers(adapter, ns) >= asked + 6, 60,
                 "two more HPA syncs without data", interval=0.5)
-    assert get(cp, ns, "prm", name)["spec"]["replicas"] == 4
+    assert get(cp, ns, "prm", name)["spec"]["replicas"] == 5
 
     # Load gone, routers back: down to minReplicas after the stabilisation window.
     cp.wait_for(lambda: scaled_to(1, {"r1": (1000, 0), "r2": (800, 0)}), 60,

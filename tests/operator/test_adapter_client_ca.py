@@ -237,7 +237,8 @@ def test_a_client_ca_certificate_gets_in_on_the_client_ca_port(
     assert call(certs, adapter.client_port, RESOURCES, certs.keda, tls12=True)[0] == 200
     assert body["kind"] == "APIResourceList"
     assert {r["name"] for r in body["resources"]} == {
-        "prefix_router_working_set_tokens", "prefix_router_in_flight"}  # fmt: skip
+        "prefix_router_working_set_tokens", "prefix_router_in_flight", "prefix_router_demand",
+        "prefix_router_queued", "prefix_router_queue_oldest_wait_seconds"}  # fmt: skip
     # The user is the certificate's CN, the groups its O, whatever X-Remote-User said.
     assert f"GET {RESOURCES} as 'keda-operator', groups ['keda'] (client-ca)" in adapter.log()
     assert "'system:admin'" not in adapter.log()

@@ -10,7 +10,7 @@ from operator_builders import FULL_SPEC, body, model
 
 from prefix_operator import external_metrics as em
 from prefix_operator.config import OperatorConfig
-from prefix_operator.figures import Totals, totals
+from prefix_operator.figures import Totals, aggregate, totals
 from prefix_operator.render import horizontal_pod_autoscaler
 from prefix_router.contract import RouterFigures
 
@@ -123,7 +123,8 @@ def test_discovery_objects() -> None:
     resources = em.api_resource_list()
     assert resources["groupVersion"] == "external.metrics.k8s.io/v1beta1"
     assert [r["name"] for r in resources["resources"]] == [
-        "prefix_router_working_set_tokens", "prefix_router_in_flight"]
+        "prefix_router_working_set_tokens", "prefix_router_in_flight", "prefix_router_demand",
+        "prefix_router_queued", "prefix_router_queue_oldest_wait_seconds"]
     assert all(r["namespaced"] and r["verbs"] == ["get"] for r in resources["resources"])
     group = em.api_group_list()["groups"][0]
     assert group["name"] == "external.metrics.k8s.io"
@@ -152,3 +153,24 @@ def test_hpa_arithmetic_on_our_totals_is_the_capacity_model() -> None:
     assert ws == 4 and t.working_set_tokens / (ws * 100000) <= 0.8
     # 11 in flight at 4 per replica: 3 replicas.
     assert _hpa_replicas(t.in_flight, targets[em.IN_FLIGHT_METRIC]) == 3
+
+
+def test_waiting_demand_reaches_the_hpa_and_the_status() -> None:
+    """Requests waiting in the routers' dispatch queues (issue 39) add to the load the HPA
+    scales on; the oldest wait is the longest, not a sum."""
+    m = model(router={"kvCapacityTokens": 100000},
+              autoscaling={"enabled": True, "targetCachePressure": 0.8, "targetLoad": 4})
+    targets = {x["external"]["metric"]["name"]: x["external"]["target"]["averageValue"]
+               for x in horizontal_pod_autoscaler(m, OperatorConfig())["spec"]["metrics"]}
+    t = totals([pub(in_flight=8, queued=20, oldest_wait_s=3.5, updated_at=NOW),
+                pub(in_flight=8, queued=4, oldest_wait_s=1.0, updated_at=NOW)], now=NOW)
+    assert t is not None
+    assert em.value(t, em.QUEUED_METRIC) == 24
+    assert em.value(t, em.OLDEST_WAIT_METRIC) == 3.5
+    # 16 in flight alone asks for 4 replicas; with 24 waiting, 40 at 4 a replica: 10
+    assert _hpa_replicas(t.in_flight, targets[em.IN_FLIGHT_METRIC]) == 4
+    assert _hpa_replicas(em.value(t, em.DEMAND_METRIC), targets[em.DEMAND_METRIC]) == 10
+    figs = aggregate([pub(in_flight=8, queued=24, oldest_wait_s=3.5, updated_at=NOW)],
+                     now=NOW, ready_replicas=4, kv_capacity_tokens=100000)
+    status = figs.as_status("2026-01-01T00:00:00Z")
+    assert status["queued"] == 24 and status["oldestWaitSeconds"] == 3.5

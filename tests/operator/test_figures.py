@@ -25,7 +25,8 @@ def test_aggregate_over_fresh_routers() -> None:
     assert f.cache_pressure == 0.5  # the most complete view (max), over 2 x 50k
     assert f.load == 4.0
     assert f.as_status("T") == {"routers": 2, "updatedAt": "T", "hitRate": 0.4,
-                                "cachePressure": 0.5, "load": 4.0}
+                                "cachePressure": 0.5, "load": 4.0, "queued": 0,
+                                "oldestWaitSeconds": 0}
 
 
 def test_unknowns_stay_unknown() -> None:

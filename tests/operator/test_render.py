@@ -315,7 +315,8 @@ def test_autoscaler_targets_the_model(cfg: OperatorConfig) -> None:
     # Totals over per-replica targets: 500000 KV tokens x 0.7 pressure, 4 in flight.
     assert targets == {
         "prefix_router_working_set_tokens": {"type": "AverageValue", "averageValue": "350000"},
-        "prefix_router_in_flight": {"type": "AverageValue", "averageValue": "4000m"}}
+        "prefix_router_in_flight": {"type": "AverageValue", "averageValue": "4000m"},
+        "prefix_router_demand": {"type": "AverageValue", "averageValue": "4000m"}}
     for m in spec["metrics"]:
         assert m["external"]["metric"]["selector"] == {"matchLabels": {
             "prefixrouter.io/namespace": "ml", "prefixrouter.io/model": "llama"}}
@@ -390,3 +391,14 @@ def test_python_defaults_match_the_crd(section: str) -> None:
         if isinstance(value, dict):
             continue
         assert py[key] == value, f"{section}.{key}: CRD {value!r} != Python {py[key]!r}"
+
+
+def test_the_specs_tenant_table_reaches_the_routers_queue() -> None:
+    s = router_settings(model(router={"queue": {"maxInFlight": 32, "tenants": {
+        "gold": {"weight": 4, "band": "high"}, "batch": {"band": "sheddable"}}}}))
+    q = s.queue
+    assert q.max_in_flight == 32 and q.max_waiting == 4
+    assert q.tenants["gold"].weight == 4 and q.tenants["gold"].band == "high"
+    assert q.tenants["batch"].weight == 1 and q.tenants["batch"].band == "sheddable"
+    with pytest.raises(ValidationError, match=r"not in queue\.bands"):
+        router_settings(model(router={"queue": {"tenants": {"x": {"band": "platinum"}}}}))

@@ -443,6 +443,8 @@ async def test_figures_published_for_the_operator(redis_server):
         assert a.observe is not None and b.observe is not None
         a.observe(160, 120)
         b.observe(80, 0)
+        a.show_demand(lambda: (3, 1.5))  # the dispatch queue's: 3 waiting, the oldest 1.5 s
+        b.show_demand(lambda: (2, 4.0))
         for s in (a, b, a, b):  # the second round publishes the count the first one made
             await s.publish()
         r = aioredis.from_url(redis_server.url, decode_responses=True)
@@ -455,6 +457,7 @@ async def test_figures_published_for_the_operator(redis_server):
         # 15 distinct blocks of 16 tokens: a union, not 25 blocks
         assert fig.cache_pressure == pytest.approx(15 * 16 / 1600, abs=0.02)
         assert fig.load == 0.5
+        assert (fig.queued, fig.oldest_wait_s) == (5, 4.0)
         assert a.stats().working_set_tokens == 15 * 16
 
 

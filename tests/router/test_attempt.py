@@ -145,11 +145,11 @@ async def test_a_named_session_follows_its_last_engine(make_core):
     core = make_core([f"http://192.0.2.{i}:8000" for i in range(1, 9)], 100_000)
     backends = set()
     for i in range(8):
-        first = await core.route(_parsed(f"agent {i} " * 300, "one"), session=f"s{i}")
+        first = await core.route(_parsed(f"agent {i} " * 300, "one"), {"x-session-id": f"s{i}"})
         with Attempt(core.ledger, first, first.decision.backend) as a:
             a.answered(200)
             a.first_byte(streamed=False)
-        again = await core.route(_parsed(f"unrelated {i} " * 300, "two"), session=f"s{i}")
+        again = await core.route(_parsed(f"unrelated {i} " * 300, "two"), {"x-session-id": f"s{i}"})
         assert again.decision.backend == first.decision.backend, i
         backends.add(first.decision.backend)
     assert len(backends) > 1  # the sessions themselves still spread

@@ -35,6 +35,6 @@ def test_engine_figures_reads_the_queue_and_the_progress_counters() -> None:
         b'vllm:iteration_tokens_total_sum{model_name="m"} 140.0',
         b'vllm:time_to_first_token_seconds_count{model_name="m"} 9.0',
     ])
-    assert engine_figures(page) == (5.0, 147.0)
+    assert engine_figures(page) == ((2.0, 3.0), 147.0)
     assert engine_figures(b"llamacpp:n_decode_total 12\n") == (None, 12.0)
     assert engine_figures(b"something_else 1\n") == (None, None)

@@ -129,8 +129,12 @@ class SharedStore(Store):
             self.link.fail(exc)
             return None
         return got.decode() if isinstance(got, bytes) else got
+
     def watch_states(self, read: Callable[[], tuple[int, int, int]]) -> None:
         self.figures.states = read
+
+    def show_demand(self, read: Callable[[], tuple[int, float]]) -> None:
+        self.figures.demand = read
 
     def stats(self) -> StoreStats:
         shared = self.shared

@@ -1,7 +1,8 @@
 """The figures each router publishes for the operator and the metrics adapter
 (contract.RouterFigures): prompt and predicted cached tokens over the window, requests in
-flight, and the model's working set, the distinct blocks requested within the window (a
-HyperLogLog union in Redis that every router adds to, so it is model-wide, not a sum)."""
+flight and waiting in the dispatch queue, and the model's working set, the distinct blocks
+requested within the window (a HyperLogLog union in Redis that every router adds to, so it is
+model-wide, not a sum)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ class FiguresPublisher:
         self._counted_at: float | None = None  # clock() of that count
         # (engines, EXACT, DEGRADED): how the index knows the engines (engine_states.py)
         self.states: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0)
+        # the dispatch queue's (requests waiting, oldest wait): demand for the autoscaler
+        self.demand: Callable[[], tuple[int, float]] | None = None
 
     def observe(self, prompt_tokens: float, predicted_cached: float) -> None:
         """One request served (called once per request)."""
@@ -64,11 +67,14 @@ class FiguresPublisher:
         pipe = self._link.pipeline()
         pipe.pfcount(*self._keys.working_set_window(now))
         engines, exact, degraded = self.states()
+        queued, oldest = self.demand() if self.demand is not None else (0, 0.0)
         figures = RouterFigures(
             prompt_tokens=sum(w[1] for w in win),
             cached_tokens=sum(w[2] for w in win),
             working_set_tokens=self._blocks * self._block,
             in_flight=sum(self._load.own_counts().values()),
+            queued=queued,
+            oldest_wait_s=oldest,
             updated_at=now,
             engines=engines,
             engines_exact=exact,

@@ -1,0 +1,309 @@
+"""The dispatch queue: where a request waits while every engine for it is saturated, so that it
+is bound to an engine only when one has room (late binding: scored where its prefix is then).
+
+  admit(...)   room among its engines and nobody waiting: a Pass at once (no ticket, no
+               classification: an unsaturated fleet never meets the queue). Otherwise the
+               request is classified (bands.py) and waits as a ticket; a sheddable band, or a
+               full queue (requests or bytes), is refused at once with 429.
+  pump()       on every release of load (an attempt's first byte and its end), on an engine's
+               scrape and on each arrival: while the next ticket's engines have room, it is
+               released. The next ticket: the highest band waiting, in it the smallest start
+               tag (fairness.py).
+  Pass.bound() the released request is routed, its Attempt starts in the same step: until
+               then it counts as `launching`, so one release of load lets one request
+               through, not all of them.
+  sweep()      tickets past their band's budget get 429 with Retry-After (a timer, at the
+               earliest deadline).
+  drain()      the router is going away: every ticket gets 503 with Retry-After (another
+               replica can take it), and nothing queues any more.
+A client that goes away while its ticket waits is cancelled (handler cancellation): the ticket
+leaves at once, and a release it was given goes to the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..backends import Backend
+from ..config import QueueSettings
+from ..errors import RequestError
+from .bands import Class, Classifier
+from .fairness import Entry, FairQueue
+from .saturation import Saturation
+
+# Counted in metrics as (decision, reason): queued/released/refused and why.
+Report = Callable[[str, str, int], None]
+
+
+@dataclass(slots=True)
+class Ticket:
+    cls: Class
+    size: int  # bytes held (the body)
+    arrived: float
+    deadline: float
+    candidates: Callable[[], Sequence[str]]
+    future: asyncio.Future[None]
+    entry: Entry[Ticket] | None = None
+    queued: bool = True
+
+
+@dataclass(slots=True)
+class Pass:
+    """Leave to route one request; `bound()` once its load counts (always: finally)."""
+
+    queue: DispatchQueue | None
+    waited: float = 0.0  # seconds in the queue
+
+    def bound(self) -> None:
+        q, self.queue = self.queue, None
+        if q is not None:
+            q.launched()
+
+
+@dataclass(slots=True)
+class _Band:
+    fair: FairQueue[Ticket] = field(default_factory=FairQueue)
+    arrivals: deque[Ticket] = field(default_factory=deque)  # deadline order
+
+
+class DispatchQueue:
+    def __init__(
+        self,
+        settings: QueueSettings,
+        classifier: Classifier,
+        saturation: Saturation,
+        inflight: Callable[[str], float],
+        report: Report | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._s = settings
+        self.classifier = classifier
+        self.saturation = saturation
+        self._inflight = inflight
+        self._report = report or (lambda decision, reason, band: None)
+        self._clock = clock
+        self._bands = [_Band() for _ in settings.bands]
+        self._budgets = [b.budget_s for b in settings.bands]
+        self._sheddable = [b.sheddable for b in settings.bands]
+        self.queued = 0
+        self.bytes = 0
+        self.launching = 0  # released (or passed), not yet bound to an engine
+        self.draining = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._due = math.inf
+        # releases a second (decayed), for Retry-After
+        self._rate = 0.0
+        self._rate_at = clock()
+
+    # ------------------------------------------------------------------ admission
+
+    def room(self, candidates: Sequence[str]) -> bool:
+        if not self._s.enabled:
+            return True
+        return self.saturation.room(candidates, self._inflight) > self.launching
+
+    def with_room(self, backends: Sequence[Backend]) -> Sequence[Backend]:
+        """Of `backends`, those not saturated (all of them when none has room: a release
+        raced a new arrival): a request is bound where it can run now."""
+        if not self._s.enabled:
+            return backends
+        sat, inflight = self.saturation, self._inflight
+        out = [b for b in backends if sat.room((b.url,), inflight) > 0]
+        return out if out and len(out) < len(backends) else backends
+
+    async def admit(
+        self,
+        candidates: Callable[[], Sequence[str]],
+        headers: Mapping[str, str],
+        prompt_tokens: float,
+        body: Mapping[str, Any],
+        size: int,
+        now: Sequence[str] | None = None,
+    ) -> Pass:
+        """`now`: the candidates as the caller has just found them (else `candidates()`)."""
+        if not self.queued and self.room(candidates() if now is None else now):
+            self.launching += 1
+            return Pass(self)
+        cls = self.classifier.classify(headers, prompt_tokens, body)
+        if self.draining:
+            self._report("refused", "draining", cls.band)
+            raise RequestError(503, "the router is shutting down: retry", retry_after=1)
+        if self._sheddable[cls.band]:
+            self._report("refused", "shed", cls.band)
+            raise self._too_many("the fleet is saturated and this request's band is sheddable")
+        if self.queued >= self._s.max_requests:
+            self._report("refused", "full_requests", cls.band)
+            raise self._too_many("the router's queue is full")
+        if self.bytes + size > self._s.max_bytes:
+            self._report("refused", "full_bytes", cls.band)
+            raise self._too_many("the router's queue is full")
+        now = self._clock()
+        loop = asyncio.get_running_loop()
+        t = Ticket(cls, size, now, now + self._budgets[cls.band], candidates, loop.create_future())
+        self._push(t)
+        self._report("queued", "saturated", cls.band)
+        self.pump()
+        try:
+            await t.future
+        except asyncio.CancelledError:
+            if t.queued:
+                self._remove(t)
+                self._report("refused", "client_gone", cls.band)
+            elif t.future.done() and not t.future.cancelled() and t.future.exception() is None:
+                self.launched()  # released, then the client left: the next one goes
+            raise
+        return Pass(self, self._clock() - t.arrived)
+
+    def launched(self) -> None:
+        self.launching -= 1
+        if self.queued:
+            # on the loop's next turn: its Attempt has counted its load by then (or none
+            # started, and the slot goes to the next)
+            asyncio.get_running_loop().call_soon(self.pump)
+
+    # ------------------------------------------------------------------ release
+
+    def pump(self) -> None:
+        """Release tickets while the next one's engines have room."""
+        while self.queued:
+            t = self._next()
+            if t is None:
+                return
+            try:
+                if not self.room(t.candidates()):
+                    return
+            except RequestError:
+                pass  # no engine at all: released, its routing says why
+            self._take(t)
+            self.launching += 1
+            self._count_release()
+            self._report("released", "room", t.cls.band)
+            t.future.set_result(None)
+
+    def _next(self) -> Ticket | None:
+        for band in self._bands:
+            e = band.fair.peek()
+            if e is not None:
+                return e.item
+        return None
+
+    # ------------------------------------------------------------------ deadlines, drain
+
+    def sweep(self) -> None:
+        """Refuse the tickets past their budget; set the timer for the next deadline."""
+        self._timer = None
+        self._due = math.inf
+        now = self._clock()
+        for i, band in enumerate(self._bands):
+            q = band.arrivals
+            while q and (not q[0].queued or q[0].deadline <= now):
+                t = q.popleft()
+                if not t.queued:
+                    continue
+                self._remove(t)
+                self._report("refused", "deadline", i)
+                waited = now - t.arrived
+                t.future.set_exception(self._too_many(
+                    f"the fleet is saturated: no engine had room within {waited:.3g}s"))
+        self._arm()
+
+    def drain(self) -> None:
+        self.draining = True
+        for i, band in enumerate(self._bands):
+            while band.arrivals:
+                t = band.arrivals.popleft()
+                if not t.queued:
+                    continue
+                self._remove(t)
+                self._report("refused", "draining", i)
+                t.future.set_exception(
+                    RequestError(503, "the router is shutting down: retry", retry_after=1))
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _arm(self) -> None:
+        due = min((b.arrivals[0].deadline for b in self._bands if b.arrivals), default=math.inf)
+        if due >= self._due:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._due = due
+        delay = max(due - self._clock(), 0.0)
+        self._timer = asyncio.get_running_loop().call_later(delay, self.sweep)
+
+    # ------------------------------------------------------------------ figures
+
+    def demand(self) -> tuple[int, float]:
+        """(requests waiting, seconds the oldest has waited)."""
+        now = self._clock()
+        oldest = 0.0
+        for band in self._bands:
+            for t in band.arrivals:  # the first live one is the band's oldest
+                if t.queued:
+                    oldest = max(oldest, now - t.arrived)
+                    break
+        return self.queued, oldest
+
+    def retry_after(self) -> int:
+        """Seconds until the queue ahead has likely gone, at the recent release rate."""
+        rate = self._decayed_rate()
+        budget = max(self._budgets)
+        if rate <= 0:
+            return max(1, math.ceil(budget))
+        return max(1, min(math.ceil(self.queued / rate), math.ceil(budget)))
+
+    # ------------------------------------------------------------------ internals
+
+    def _too_many(self, why: str) -> RequestError:
+        return RequestError(429, why, code="saturated", retry_after=self.retry_after())
+
+    def _push(self, t: Ticket) -> None:
+        band = self._bands[t.cls.band]
+        t.entry = band.fair.push(t, t.cls.tenant, t.cls.cost, t.cls.weight)
+        band.arrivals.append(t)
+        self.queued += 1
+        self.bytes += t.size
+        if t.deadline < self._due:
+            self._arm()
+
+    def _take(self, t: Ticket) -> None:
+        band = self._bands[t.cls.band]
+        popped = band.fair.pop()
+        assert popped is t
+        self._left(t)
+        # the arrivals deque keeps it until the sweep passes (a flag, no O(n) removal), but
+        # a band whose head is gone is trimmed here so the oldest wait stays cheap
+        q = band.arrivals
+        while q and not q[0].queued:
+            q.popleft()
+        if len(q) > 2 * len(band.fair) + 64:
+            band.arrivals = deque(x for x in q if x.queued)
+
+    def _remove(self, t: Ticket) -> None:
+        if t.entry is not None:
+            self._bands[t.cls.band].fair.remove(t.entry)
+        self._left(t)
+
+    def _left(self, t: Ticket) -> None:
+        t.queued = False
+        self.queued -= 1
+        self.bytes -= t.size
+
+    def _count_release(self) -> None:
+        now = self._clock()
+        self._rate = self._decayed_rate(now) + 1.0 / _RATE_WINDOW_S
+        self._rate_at = now
+
+    def _decayed_rate(self, now: float | None = None) -> float:
+        now = self._clock() if now is None else now
+        return self._rate * math.exp(-(now - self._rate_at) / _RATE_WINDOW_S)
+
+
+_RATE_WINDOW_S = 5.0

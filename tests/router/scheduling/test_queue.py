@@ -1,0 +1,244 @@
+"""The dispatch queue's logic on a clock the test moves: fair order between tenants, band order,
+deadlines, shedding, bounds, one release per freed slot, a client gone while queued, drain.
+The engines are a real LoadTracker whose counts the test moves, as attempts would."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from prefix_router.config import QueueSettings
+from prefix_router.errors import RequestError
+from prefix_router.load import LoadTracker
+from prefix_router.scheduling.bands import Classifier
+from prefix_router.scheduling.fairness import FairQueue
+from prefix_router.scheduling.queue import DispatchQueue
+from prefix_router.scheduling.saturation import Saturation
+
+ENGINE = "http://e1"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_queue(clock: Clock, **queue: Any) -> tuple[DispatchQueue, LoadTracker, list[tuple]]:
+    s = QueueSettings(**{"max_in_flight": 1, "max_waiting": 0, **queue})
+    load = LoadTracker()
+    reports: list[tuple] = []
+    q = DispatchQueue(s, Classifier(s, "x-tenant"), Saturation(s), load.inflight,
+                      lambda *r: reports.append(r), clock)  # fmt: skip
+    load.on_release = q.pump
+    return q, load, reports
+
+
+async def admitted(q: DispatchQueue, load: LoadTracker, headers: dict[str, str],
+                   tokens: float = 100.0, size: int = 10,
+                   order: list[str] | None = None) -> None:  # fmt: skip
+    """Wait for a pass, note who got it, and start its request on the engine (as routing and
+    its Attempt would, in the same step)."""
+    p = await q.admit(lambda: [ENGINE], headers, tokens, {"max_tokens": 10}, size)
+    if order is not None:
+        order.append(headers.get("x-tenant", "-") + headers.get("x-priority-band", ""))
+    p.bound()
+    load.start(ENGINE, 0)
+
+
+async def soon(aw: Any) -> Any:
+    """What must come now: a hang is a failure, not a stuck test."""
+    return await asyncio.wait_for(aw, 30)
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_fair_queue_puts_a_quiet_tenant_before_a_busy_ones_backlog() -> None:
+    fq: FairQueue[str] = FairQueue()
+    for i in range(10):
+        fq.push(f"b{i}", "B", 100)
+    fq.push("a0", "A", 100)
+    order = [fq.pop() for _ in range(2)]
+    assert order == ["b0", "a0"], order  # FIFO would put a0 last
+    # the quiet tenant's next arrival ties with the busy one's next: and goes first
+    fq.push("a1", "A", 100)
+    assert fq.pop() == "a1"
+
+
+def test_fair_queue_shares_by_weight_in_tokens() -> None:
+    fq: FairQueue[str] = FairQueue()
+    for i in range(30):
+        fq.push(f"a{i}", "A", 100, weight=2.0)
+        fq.push(f"b{i}", "B", 100, weight=1.0)
+    first = [fq.pop() for _ in range(30)]
+    assert sum(x.startswith("a") for x in first) == 20, first
+    # a tenant of long requests gets fewer of them through: cost is in tokens
+    fq2: FairQueue[str] = FairQueue()
+    for i in range(20):
+        fq2.push(f"l{i}", "L", 400)
+        fq2.push(f"s{i}", "S", 100)
+    first = [fq2.pop() for _ in range(10)]
+    assert sum(x.startswith("s") for x in first) == 8, first
+
+
+def test_fair_queue_forgets_idle_tenants() -> None:
+    fq: FairQueue[int] = FairQueue()
+    for i in range(10_000):
+        fq.push(i, f"t{i}", 10)
+        fq.pop()
+    assert fq.tenants() < 200
+
+
+async def test_an_unsaturated_fleet_never_meets_the_queue() -> None:
+    q, load, reports = make_queue(Clock(), max_in_flight=0)  # capacity unknown: never
+    for _ in range(50):
+        load.start(ENGINE, 10)
+    await soon(admitted(q, load, {"x-tenant": "A"}))
+    assert reports == [] and q.queued == 0 and q.launching == 0
+
+
+async def test_release_order_is_band_then_fair_share() -> None:
+    clock = Clock()
+    q, load, _ = make_queue(clock)
+    load.start(ENGINE, 0)  # the engine's one slot is taken: everything queues
+    order: list[str] = []
+    tasks = [asyncio.create_task(admitted(q, load, {"x-tenant": "B"}, order=order))
+             for _ in range(4)]
+    await settle()
+    tasks.append(asyncio.create_task(admitted(q, load, {"x-tenant": "A"}, order=order)))
+    tasks.append(asyncio.create_task(
+        admitted(q, load, {"x-tenant": "C", "x-priority-band": "high"}, order=order)))
+    await settle()
+    assert q.queued == 6
+    for _ in range(6):
+        load.finish(ENGINE)  # one slot frees: exactly one is released and bound
+        await settle()
+        assert q.launching == 0 and len(order) <= 6
+    await asyncio.gather(*tasks)
+    assert order == ["Chigh", "B", "A", "B", "B", "B"], order
+
+
+async def test_one_freed_slot_releases_one_request() -> None:
+    q, load, _ = make_queue(Clock(), max_in_flight=2)
+    load.start(ENGINE, 0)
+    load.start(ENGINE, 0)
+    order: list[str] = []
+    tasks = [asyncio.create_task(admitted(q, load, {"x-tenant": "A"}, order=order))
+             for _ in range(5)]
+    await settle()
+    load.finish(ENGINE)
+    await settle()
+    assert len(order) == 1 and q.queued == 4
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert q.queued == 0 and q.bytes == 0
+
+
+async def test_past_its_budget_a_request_gets_429_with_retry_after() -> None:
+    clock = Clock()
+    q, load, reports = make_queue(clock)
+    load.start(ENGINE, 0)
+    task = asyncio.create_task(admitted(q, load, {"x-tenant": "A"}))
+    await settle()
+    clock.now += 29.0
+    q.sweep()
+    await settle()
+    assert not task.done()
+    clock.now += 1.5
+    q.sweep()
+    with pytest.raises(RequestError) as err:
+        await soon(task)
+    assert err.value.status == 429 and err.value.retry_after and err.value.retry_after >= 1
+    assert err.value.code == "saturated"
+    assert ("refused", "deadline", 1) in reports and q.queued == 0
+    load.finish(ENGINE)  # nothing is released twice: it is gone
+    await settle()
+    assert q.launching == 0
+
+
+async def test_the_sheddable_band_and_a_full_queue_are_refused_at_once() -> None:
+    q, load, reports = make_queue(Clock(), max_requests=2, max_bytes=4096)
+    load.start(ENGINE, 0)
+    with pytest.raises(RequestError) as err:
+        await soon(admitted(q, load, {"x-priority-band": "sheddable"}))
+    assert err.value.status == 429 and err.value.retry_after
+    tasks = [asyncio.create_task(admitted(q, load, {"x-tenant": "A"})) for _ in range(2)]
+    await settle()
+    with pytest.raises(RequestError) as err:
+        await soon(admitted(q, load, {"x-tenant": "A"}))
+    assert err.value.status == 429 and err.value.retry_after
+    assert [r[1] for r in reports if r[0] == "refused"] == ["shed", "full_requests"]
+    tasks[0].cancel()
+    await settle()
+    with pytest.raises(RequestError):
+        await soon(admitted(q, load, {"x-tenant": "A"}, size=4090))  # the bytes bound
+    assert reports[-1][1] == "full_bytes"
+    tasks[1].cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_client_gone_while_queued_leaves_and_its_turn_goes_on() -> None:
+    q, load, reports = make_queue(Clock())
+    load.start(ENGINE, 0)
+    order: list[str] = []
+    gone = asyncio.create_task(admitted(q, load, {"x-tenant": "A"}, order=order))
+    stays = asyncio.create_task(admitted(q, load, {"x-tenant": "B"}, order=order))
+    await settle()
+    gone.cancel()
+    await settle()
+    assert q.queued == 1 and ("refused", "client_gone", 1) in reports
+    load.finish(ENGINE)
+    await soon(stays)
+    assert order == ["B"]
+
+
+async def test_released_then_gone_hands_the_slot_on() -> None:
+    q, load, _ = make_queue(Clock())
+    load.start(ENGINE, 0)
+    order: list[str] = []
+    first = asyncio.create_task(admitted(q, load, {"x-tenant": "A"}, order=order))
+    second = asyncio.create_task(admitted(q, load, {"x-tenant": "B"}, order=order))
+    await settle()
+    load.finish(ENGINE)  # A is released ...
+    first.cancel()  # ... and its client leaves before it runs
+    await settle()
+    await soon(second)
+    assert order == ["B"] and q.launching == 0
+
+
+async def test_drain_refuses_what_waits_with_503() -> None:
+    q, load, reports = make_queue(Clock())
+    load.start(ENGINE, 0)
+    tasks = [asyncio.create_task(admitted(q, load, {"x-tenant": "A"})) for _ in range(3)]
+    await settle()
+    q.drain()
+    for t in tasks:
+        with pytest.raises(RequestError) as err:
+            await soon(t)
+        assert err.value.status == 503 and err.value.retry_after == 1
+    with pytest.raises(RequestError) as err:
+        await soon(admitted(q, load, {"x-tenant": "A"}))
+    assert err.value.status == 503
+    assert q.queued == 0 and sum(r[1] == "draining" for r in reports) == 4
+
+
+def test_saturation_learns_capacity_from_the_engines_gauges() -> None:
+    s = Saturation(QueueSettings(max_waiting=2))
+    assert s.limit(ENGINE) is None
+    s.engine_report(ENGINE, running=8, waiting=2)  # a step's burst, not a queue
+    assert s.limit(ENGINE) is None
+    s.engine_report(ENGINE, running=8, waiting=5)
+    assert s.limit(ENGINE) == 10
+    s.engine_report(ENGINE, running=10, waiting=0)  # it runs more than believed
+    assert s.limit(ENGINE) == 12
+    s.engine_report(ENGINE, running=3, waiting=4)  # waiting out a step beside free slots
+    assert s.limit(ENGINE) == 12
+    assert s.room([ENGINE], lambda b: 11.0) == 1
