@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from . import abuse
+from . import abuse, api
 from .harness.workloads import WORKLOADS
 from .scenarios import SCENARIOS, SETUPS, Scenario, setup
 
@@ -76,6 +76,7 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("install", help="the anchors' and clients' pinned, cached venvs").add_argument(
         "names", nargs="*", metavar="name", help="default: every one")
     abuse.register(sub)
+    api.register(sub)
     return p
 
 
@@ -133,6 +134,8 @@ def main(argv: list[str] | None = None) -> None:
             print(n, install(n), flush=True)
     elif args.cmd == "autoscale":
         autoscale(args, command)
+    elif args.cmd == "api":
+        api.main(args, command)
     elif args.cmd == "abuse":
         abuse.main(args, command)
     else:

@@ -9,6 +9,8 @@ both. Then, in order, as the engine answers:
                     and, after a 2xx, the engine holds the prompt: the index records it for
                     this backend (as news when the decision was not a hit here)
   chunk()           a streamed chunk: the backend's step rhythm
+  stored(id)        a Responses API stream named the response the engine stores (its first
+                    event): GET and cancel by that id reach this backend while it streams
   done(answer, usage)  the next turn's prefix (prompt + answer) is recorded; usage learned
   failed(outcome)   counted; against the backend when it is at fault
 and close() always (the `with` block): in flight released, the pending hold released. A
@@ -18,6 +20,7 @@ failed attempt, or an answer that is not 2xx, leaves the index as it was before 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -74,7 +77,7 @@ class Ledger:
     observe: Callable[[float, float], None] | None = None
     clock: Callable[[], float] = time.monotonic
     # a stored Responses API response's id and its engine (core.py)
-    remember_response: Callable[[str, str], None] | None = None
+    remember_response: Callable[[str, str], asyncio.Future[object] | None] | None = None
 
 
 class Attempt:
@@ -87,6 +90,7 @@ class Attempt:
         "news",
         "prefill",
         "prefilled",
+        "remembered",
         "route",
         "sent_at",
         "slow",
@@ -101,6 +105,7 @@ class Attempt:
         self.prefilled = False
         self.closed = False
         self.status = 0
+        self.remembered: str | None = None
         self.prefill = max(route.prompt_tokens - self.predicted(), 0.0)
         led.load.start(backend, self.prefill)
         led.metrics.set_inflight(backend, led.load.own_inflight(backend))
@@ -173,6 +178,23 @@ class Attempt:
     def chunk(self) -> None:
         self.ledger.steps.beat(self.backend, self.ledger.clock())
 
+    def _remember(self, response_id: str) -> asyncio.Future[object] | None:
+        led = self.ledger
+        if led.remember_response is None or response_id == self.remembered:
+            return None
+        self.remembered = response_id
+        return led.remember_response(response_id, self.backend)
+
+    async def stored(self, response_id: str) -> None:
+        """Before the client sees the id: every router must know where it is stored, or a
+        follow-up sent through another one the moment the answer arrives is a 404. Waits
+        for the store's write at most its timeout (a failed write is the store's to count)."""
+        written = self._remember(response_id)
+        if written is not None:
+            limit = self.ledger.settings.store.timeout_max_ms / 1000.0
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(written), limit)
+
     def done(
         self, answer: str | None, usage: tuple[int, int | None] | None,
         response_id: str | None = None,
@@ -180,8 +202,8 @@ class Attempt:
         """The engine answered in full (2xx); `response_id`: the Responses API response it
         stored (follow-ups and GETs by its id can only be answered there)."""
         led, r, backend = self.ledger, self.route, self.backend
-        if response_id and led.remember_response is not None:
-            led.remember_response(response_id, backend)
+        if response_id:
+            self._remember(response_id)
         led.backends.report_success(backend)
         led.metrics.count_request(backend, "ok")
         predicted = self.predicted()

@@ -8,6 +8,7 @@ request's way from parsed to routed: eligible backends (scheduling/filters.py) -
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from collections.abc import Callable
@@ -85,10 +86,11 @@ class RouterCore:
             raise RequestError(503, "the engine holding this response is out of rotation",
                                retry_after=1)  # fmt: skip
 
-    def remember_response(self, response_id: str, backend: str) -> None:
+    def remember_response(self, response_id: str, backend: str) -> asyncio.Future[object] | None:
+        """Remembered here and told to the other routers (the write to wait for, if any)."""
         ttl = self.settings.response_ttl_s
         self.responses.remember(response_id, backend)
-        self.store.remember_response(id_key(response_id), backend, ttl)
+        return self.store.remember_response(id_key(response_id), backend, ttl)
 
     async def response_holder(self, response_id: str) -> str | None:
         holder = self.responses.holder(response_id)

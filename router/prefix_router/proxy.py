@@ -24,7 +24,13 @@ from aiohttp import web
 
 from .attempt import Attempt, Ledger, Route
 from .errors import RequestError, error_body
-from .responses import read_json, read_response_json, read_response_sse, read_sse
+from .responses import (
+    created_id,
+    read_json,
+    read_response_json,
+    read_response_sse,
+    read_sse,
+)
 from .upstream import (
     UpstreamClient,
     UpstreamConnectError,
@@ -44,6 +50,7 @@ _DROP_REQUEST = frozenset((
 ))  # fmt: skip
 _PASS_RESPONSE = ("content-type", "x-request-id", "openai-processing-ms")
 _MAX_SNIFF = 4 * 1024 * 1024
+_FIRST_EVENT = 64 * 1024  # where a Responses stream's response.created must have ended
 _RETRY_STATUS = frozenset((502, 503))
 
 
@@ -151,11 +158,16 @@ class _Forward:
                 status if status >= 400 else 502,
                 f"{self.name(a)} answered {status}: {body[:500].decode(errors='replace')}",
             )
+        parsed = self.route.parsed
+        stored = None
+        if 200 <= status < 300 and parsed.responses is not None:
+            stored = read_response_json(body)
+            if stored[2]:
+                await a.stored(stored[2])
         resp = web.Response(status=status, body=body, headers=self.response_headers(answer, a))
         if 200 <= status < 300:
-            parsed = self.route.parsed
-            if parsed.responses is not None:
-                a.done(*read_response_json(body))
+            if stored is not None:
+                a.done(*stored)
             else:
                 a.done(*read_json(body, parsed.kind))
         else:
@@ -181,13 +193,18 @@ class _Forward:
             raise _retry(a, "read_error", "the upstream closed the stream before any data")
         a.first_byte(streamed=True)
         sniff = bytearray(first)
+        # a Responses stream's id is remembered at its first event, not its end: a background
+        # response is read back or cancelled by id while it still streams
+        named = self.route.parsed.responses is None
         try:
+            named = named or await _named(a, sniff)
             await resp.write(first)
             async for data in chunks:
                 a.chunk()
-                await resp.write(data)
                 if len(sniff) < _MAX_SNIFF:
                     sniff += data
+                named = named or await _named(a, sniff)
+                await resp.write(data)
         except (UpstreamError, UpstreamTimeout) as exc:
             # Bytes already reached the client: the stream can only be ended, with an error
             # event, so the client can tell a cut answer from a whole one.
@@ -219,6 +236,15 @@ class _Forward:
     def name(self, a: Attempt) -> str:
         """The engine as a client may be told of it."""
         return a.backend if self.ledger.settings.expose_routing else "the engine"
+
+
+async def _named(a: Attempt, sniff: bytearray) -> bool:
+    """Whether the stream's first event has come (and named its response to the attempt,
+    before the client is sent it)."""
+    if (rid := created_id(bytes(sniff[:_FIRST_EVENT]))) is not None:
+        await a.stored(rid)
+        return True
+    return len(sniff) >= _FIRST_EVENT  # an id that late is not looked for again
 
 
 def _retry(a: Attempt, outcome: str, why: object) -> _Retry:

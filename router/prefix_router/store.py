@@ -5,6 +5,7 @@ the request path is the same for both."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -42,8 +43,12 @@ class Store:
     def requested(self, model: str, hashes: list[int]) -> None:
         """A request asked for this chain (the working set the autoscaler reads)."""
 
-    def remember_response(self, id_hash: int, backend: str, ttl_s: float) -> None:
-        """The other routers learn which engine holds this stored response."""
+    def remember_response(
+        self, id_hash: int, backend: str, ttl_s: float
+    ) -> asyncio.Future[object] | None:
+        """The other routers learn which engine holds this stored response: the write, for
+        a caller that must not answer before they know (None: nothing to wait for)."""
+        return None
 
     async def response_holder(self, id_hash: int) -> str | None:
         """The engine another router saw store this response (None: none did)."""

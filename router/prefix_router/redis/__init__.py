@@ -105,13 +105,16 @@ class SharedStore(Store):
     def requested(self, model: str, hashes: list[int]) -> None:
         self.writes.add_working_set(hashes)
 
-    def remember_response(self, id_hash: int, backend: str, ttl_s: float) -> None:
+    def remember_response(
+        self, id_hash: int, backend: str, ttl_s: float
+    ) -> asyncio.Future[object] | None:
         if self.link.down:
-            return  # the other routers ask this one's engines in vain: a 404, not a hang
+            return None  # the other routers ask this one's engines in vain: a 404, not a hang
         task = asyncio.ensure_future(
             self.link.redis.set(self.keys.response(id_hash), backend, ex=max(1, int(ttl_s)))
         )
         task.add_done_callback(self._written)
+        return task
 
     def _written(self, task: asyncio.Future[object]) -> None:
         exc = None if task.cancelled() else task.exception()
