@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from . import abuse, api
+from . import abuse, api, conversation
 from .harness.workloads import WORKLOADS
 from .scenarios import SCENARIOS, SETUPS, Scenario, setup
 
@@ -77,6 +77,7 @@ def parser() -> argparse.ArgumentParser:
         "names", nargs="*", metavar="name", help="default: every one")
     abuse.register(sub)
     api.register(sub)
+    conversation.register(sub)
     return p
 
 
@@ -136,6 +137,8 @@ def main(argv: list[str] | None = None) -> None:
         autoscale(args, command)
     elif args.cmd == "api":
         api.main(args, command)
+    elif args.cmd == "conversation":
+        conversation.main(args, command)
     elif args.cmd == "abuse":
         abuse.main(args, command)
     else:
