@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from . import abuse, api, conversation
+from . import abuse, api, conversation, response_map
 from .harness.workloads import WORKLOADS
 from .scenarios import SCENARIOS, SETUPS, Scenario, setup
 
@@ -78,6 +78,7 @@ def parser() -> argparse.ArgumentParser:
     abuse.register(sub)
     api.register(sub)
     conversation.register(sub)
+    response_map.register(sub)
     return p
 
 
@@ -139,6 +140,8 @@ def main(argv: list[str] | None = None) -> None:
         api.main(args, command)
     elif args.cmd == "conversation":
         conversation.main(args, command)
+    elif args.cmd == "response-map":
+        response_map.main(args, command)
     elif args.cmd == "abuse":
         abuse.main(args, command)
     else:
