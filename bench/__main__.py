@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from . import abuse, api, conversation, response_map
+from . import abuse, api, conversation, multimodal_key, response_map
 from .harness.workloads import WORKLOADS
 from .scenarios import SCENARIOS, SETUPS, Scenario, setup
 
@@ -79,6 +79,7 @@ def parser() -> argparse.ArgumentParser:
     api.register(sub)
     conversation.register(sub)
     response_map.register(sub)
+    multimodal_key.register(sub)
     return p
 
 
@@ -142,6 +143,8 @@ def main(argv: list[str] | None = None) -> None:
         conversation.main(args, command)
     elif args.cmd == "response-map":
         response_map.main(args, command)
+    elif args.cmd == "multimodal-key":
+        multimodal_key.main(args, command)
     elif args.cmd == "abuse":
         abuse.main(args, command)
     else:
