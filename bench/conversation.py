@@ -223,18 +223,18 @@ async def measure(plan: Plan, setups: tuple[str, ...], logs: Path) -> dict[str, 
         redis = await fleet.start_redis()
 
         async def routers(policy: str, tag: str) -> list[str]:
+            # fresh ones for each setup: nothing learned in another run
             return [(await fleet.start_router(
                 f"{tag}{i}", engines, policy=policy, kv_capacity=plan.kv_capacity,
                 extra=["--store", "redis", "--redis-url", redis, "--model-key", tag])).url
                 for i in range(plan.routers)]  # fmt: skip
 
-        ours = await routers("prefix", "ours")
         for name in setups:
             await reset(engines)
             api = "chat" if name == "ours-chat" else "responses"
             note = ""
             if name in ("ours-responses", "ours-chat"):
-                urls = ours
+                urls = await routers("prefix", name)
                 note = f"{plan.routers} routers (prefix) on one Redis, turn t of session k " \
                        "through router (k + t) mod 3"
             elif name == "ours-policy-round-robin":
@@ -252,10 +252,12 @@ async def measure(plan: Plan, setups: tuple[str, ...], logs: Path) -> dict[str, 
             run = await drive(api, target, plan)
             fig = figures(run, await fetch_stats(engines), plan)
             fig.update(api=api, note=note, seconds=round(time.perf_counter() - t0, 1))
-            if name == "ours-responses":
+            if name.startswith("ours"):
                 fig["router_rss_mb"] = [memory_of(p.process.pid)["rss_mb"]
-                                        for p in fleet.procs if p.name.startswith("ours")]
+                                        for p in fleet.procs if p.url in urls]
             out[name] = fig
+            for p in [p for p in fleet.procs if p.url in urls and p.url not in engines]:
+                await fleet.stop(p)  # idle routers' timers would take CPU from the next run
             print(name, json.dumps({k: v for k, v in fig.items() if k != "errors_by_kind"}),
                   fig["errors_by_kind"], flush=True)
     return out
