@@ -209,7 +209,7 @@ def spread(urls: list[str], in_turn: bool) -> Callable[[int, int], str]:
     return lambda k, t: urls[(k + t) % len(urls)]
 
 
-SETUPS = ("ours-responses", "ours-chat", "round-robin", "sglang-router",
+SETUPS = ("ours-responses", "ours-chat", "round-robin", "sglang-router", "sglang-router-3x",
           "ours-policy-round-robin")  # fmt: skip
 
 
@@ -245,8 +245,11 @@ async def measure(plan: Plan, setups: tuple[str, ...], logs: Path) -> dict[str, 
                 note = "no router: the requests spread over the engines in turn, as a " \
                        "round-robin balancer that knows nothing of responses does"
             else:
-                urls = [(await start_anchor(fleet, "sglang-cache_aware", engines)).url]
-                note = "sglang-router 0.3.2, cache_aware (bench/harness/anchors.py)"
+                n = 3 if name == "sglang-router-3x" else 1
+                urls = [(await start_anchor(fleet, "sglang-cache_aware", engines)).url
+                        for _ in range(n)]  # fmt: skip
+                note = (f"{n} sglang-router 0.3.2, cache_aware (bench/harness/anchors.py)"
+                        + (", turn t of session k through replica (k + t) mod 3" if n > 1 else ""))
             target = spread(urls, name == "round-robin")
             t0 = time.perf_counter()
             run = await drive(api, target, plan)
