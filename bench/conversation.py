@@ -195,6 +195,10 @@ def figures(run: Run, stats: list[dict[str, Any]], plan: Plan) -> dict[str, Any]
         "engine_hit_rate": round(cached / prompt, 4) if prompt else None,
         "ttft_p50_ms": round(statistics.median(ttfts) * 1000, 1) if ttfts else None,
         "ttft_p90_ms": round(ttfts[int(0.9 * (len(ttfts) - 1))] * 1000, 1) if ttfts else None,
+        # the engines' own, from arrival to first token: what the router and client add is
+        # the difference
+        "engine_ttft_p50_ms": round(statistics.median(e) * 1000, 1) if (e := sorted(
+            t for s in stats for t in s["ttft_s"])) else None,
         "engine_requests": [s["requests"] for s in stats],
         "errors_by_kind": dict(errors.most_common(5)),
     }
@@ -213,8 +217,11 @@ SETUPS = ("ours-responses", "ours-chat", "round-robin", "sglang-router", "sglang
           "ours-policy-round-robin")  # fmt: skip
 
 
-async def measure(plan: Plan, setups: tuple[str, ...], logs: Path) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+async def measure(plan: Plan, setups: tuple[str, ...], logs: Path,
+                  repeats: int) -> dict[str, list[dict[str, Any]]]:
+    """Each setup's figures, a round each; a round runs every setup, every other round in
+    the reverse order, so neither a warm-up nor the host's drift favours one."""
+    out: dict[str, list[dict[str, Any]]] = {}
     async with Fleet(logs) as fleet:
         engines = [(await fleet.start_sim(
             f"sim{i}", model=MODEL, kv_capacity=plan.kv_capacity, profile=PROFILE,
@@ -229,7 +236,7 @@ async def measure(plan: Plan, setups: tuple[str, ...], logs: Path) -> dict[str, 
                 extra=["--store", "redis", "--redis-url", redis, "--model-key", tag])).url
                 for i in range(plan.routers)]  # fmt: skip
 
-        for name in setups:
+        for name in [n for r in range(repeats) for n in (setups[::-1] if r % 2 else setups)]:
             await reset(engines)
             api = "chat" if name == "ours-chat" else "responses"
             note = ""
@@ -258,7 +265,7 @@ async def measure(plan: Plan, setups: tuple[str, ...], logs: Path) -> dict[str, 
             if name.startswith("ours"):
                 fig["router_rss_mb"] = [memory_of(p.process.pid)["rss_mb"]
                                         for p in fleet.procs if p.url in urls]
-            out[name] = fig
+            out.setdefault(name, []).append(fig)
             for p in [p for p in fleet.procs if p.url in urls and p.url not in engines]:
                 await fleet.stop(p)  # idle routers' timers would take CPU from the next run
             print(name, json.dumps({k: v for k, v in fig.items() if k != "errors_by_kind"}),
@@ -266,11 +273,27 @@ async def measure(plan: Plan, setups: tuple[str, ...], logs: Path) -> dict[str, 
     return out
 
 
+SUMMED = ("turns_sent", "turns_ok", "not_found", "follow_ups", "other_errors",
+          "sessions_intact")  # fmt: skip
+MEDIAN = ("engine_hit_rate", "ttft_p50_ms", "ttft_p90_ms", "engine_ttft_p50_ms")
+
+
+def summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Counts over every round; the median round's rates and times, and each round's p50."""
+    out: dict[str, Any] = {"rounds": len(rounds), "api": rounds[0]["api"]}
+    out.update({k: sum(r[k] for r in rounds) for k in SUMMED})
+    out.update({k: statistics.median(r[k] for r in rounds) if all(
+        r[k] is not None for r in rounds) else None for k in MEDIAN})  # fmt: skip
+    out["ttft_p50_ms_by_round"] = [r["ttft_p50_ms"] for r in rounds]
+    return out
+
+
 def table(result: dict[str, Any]) -> list[str]:
     cols = ("api", "turns_ok", "not_found", "other_errors", "sessions_intact",
-            "engine_hit_rate", "ttft_p50_ms", "ttft_p90_ms")  # fmt: skip
+            "engine_hit_rate", "ttft_p50_ms", "ttft_p90_ms", "engine_ttft_p50_ms",
+            "ttft_p50_ms_by_round")  # fmt: skip
     lines = ["| setup | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
-    for name, f in result["setups"].items():
+    for name, f in result["summary"].items():
         lines.append(f"| {name} | " + " | ".join(str(f.get(c)) for c in cols) + " |")
     return lines
 
@@ -281,14 +304,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--setups", nargs="+", choices=SETUPS, default=list(SETUPS))
     p.add_argument("--sessions", type=int, default=Plan.sessions)
     p.add_argument("--turns", type=int, default=Plan.turns)
+    p.add_argument("--repeat", type=int, default=3, help="rounds of every setup")
     p.add_argument("--out", default=str(OUT), help="results folder")
 
 
 def main(args: argparse.Namespace, command: str) -> None:
     plan = Plan(sessions=args.sessions, turns=args.turns)
     with tempfile.TemporaryDirectory(prefix="bench-conv-") as logs:
-        setups = asyncio.run(measure(plan, tuple(args.setups), Path(logs)))
-    result = {**stamp(command), "date": now_utc(), "plan": plan.__dict__, "setups": setups}
+        setups = asyncio.run(measure(plan, tuple(args.setups), Path(logs), args.repeat))
+    result = {**stamp(command), "date": now_utc(), "plan": plan.__dict__,
+              "summary": {k: summary(v) for k, v in setups.items()}, "rounds": setups}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "conversation.json").write_text(json.dumps(result, indent=2) + "\n")
