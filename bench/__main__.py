@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from . import abuse, tenants
+from . import abuse, api, conversation, multimodal_key, response_map, tenants
 from .harness.workloads import WORKLOADS
 from .scenarios import SCENARIOS, SETUPS, Scenario, setup
 
@@ -77,6 +77,10 @@ def parser() -> argparse.ArgumentParser:
         "names", nargs="*", metavar="name", help="default: every one")
     abuse.register(sub)
     tenants.register(sub)
+    api.register(sub)
+    conversation.register(sub)
+    response_map.register(sub)
+    multimodal_key.register(sub)
     return p
 
 
@@ -134,6 +138,14 @@ def main(argv: list[str] | None = None) -> None:
             print(n, install(n), flush=True)
     elif args.cmd == "autoscale":
         autoscale(args, command)
+    elif args.cmd == "api":
+        api.main(args, command)
+    elif args.cmd == "conversation":
+        conversation.main(args, command)
+    elif args.cmd == "response-map":
+        response_map.main(args, command)
+    elif args.cmd == "multimodal-key":
+        multimodal_key.main(args, command)
     elif args.cmd == "abuse":
         abuse.main(args, command)
     elif args.cmd == "tenants":

@@ -1,6 +1,7 @@
 """Benchmark workloads: deterministic request sequences with known prefix sharing. Text is
 seeded pseudo-words, so every run sends the same bytes; sizes are in 4-byte tokens."""
 
+import base64
 import bisect
 import itertools
 import math
@@ -8,6 +9,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from .shapes import Shape
 
@@ -29,7 +31,7 @@ def text(rng: random.Random, tokens: int) -> str:
 
 @dataclass(slots=True)
 class Turn:
-    user: str
+    user: str | list[dict[str, Any]]  # text, or chat content parts (an image and a question)
     max_tokens: int
 
 
@@ -121,6 +123,35 @@ def few_prompts(count: int, seed: int = 6) -> Workload:
     return Workload("few-prompts", sessions, 8 * 1500)
 
 
+def image_url(rng: random.Random, size: int = 2250) -> str:
+    """A data URL of `size` seeded bytes (3,000 base64 characters by default: ~750 tokens by
+    the router's 4-bytes estimate, what a vision model spends on a small image). Nothing
+    decodes it: the simulators take a content part as its JSON text."""
+    return "data:image/png;base64," + base64.b64encode(rng.randbytes(size)).decode()
+
+
+QUESTIONS = ("Describe this image.", "What is in this picture?", "Read the text in this image.",
+             "Is anything wrong with this product?", "Write alt text for this image.")  # fmt: skip
+
+
+def multimodal(count: int, seed: int = 8) -> Workload:
+    """Chat with images: one of 8 system prompts (~500 tokens), then an image from a pool of
+    200 (Zipf(1.1): some are asked about often) and one of 5 stock questions. The same
+    question about another image shares the text, not the prefix."""
+    rng = random.Random(seed)
+    systems = [f"[vision assistant {i}] " + text(rng, 500) for i in range(8)]
+    images = [image_url(rng) for _ in range(200)]
+    pick = _zipf(200, rng)
+    sessions = []
+    for _ in range(count):
+        i, q = pick(), rng.randrange(len(QUESTIONS))
+        parts = [{"type": "image_url", "image_url": {"url": images[i]}},
+                 {"type": "text", "text": QUESTIONS[q]}]
+        sessions.append(Session(systems[rng.randrange(8)], [Turn(parts, rng.randint(32, 128))],
+                                f"img{i}"))
+    return Workload("multimodal", sessions, 8 * 500 + 200 * 750)
+
+
 @dataclass(frozen=True)
 class Spec:
     make: Callable[..., Workload]
@@ -142,6 +173,8 @@ WORKLOADS: dict[str, Spec] = {
     "llm-d": Spec(partial(customers, context=round(6000 / TINY_IDS_PER_TOKEN),
                           query=round(1200 / TINY_IDS_PER_TOKEN), name="llm-d"),
                   round(307_328 / TINY_IDS_PER_TOKEN), (5.0, 10.0, 15.0, 20.0), False),
+    # a replica holds ~0.19 of its 154,000-token working set, as the others
+    "multimodal": Spec(multimodal, 30_000, (8.0, 16.0, 24.0), False),
 }
 # few-prompts is the real-engine scenario's only (bench/harness/llama.py)
 SCENARIO_WORKLOADS: dict[str, Spec] = {"few-prompts": Spec(few_prompts, None)}
@@ -154,7 +187,7 @@ def build(name: str, count: int, seed: int | None = None) -> Workload:
     return spec.make(count) if seed is None else spec.make(count, seed)
 
 
-def messages_for(session: Session, turn: int, answers: list[str]) -> list[dict[str, str]]:
+def messages_for(session: Session, turn: int, answers: list[str]) -> list[dict[str, Any]]:
     """The chat messages of turn `turn`, given the answers to the earlier turns."""
     msgs = [{"role": "system", "content": session.system}] if session.system is not None else []
     for t, answer in zip(session.turns[:turn], answers, strict=False):

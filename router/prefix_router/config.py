@@ -270,7 +270,7 @@ class RouterSettings(_Strict):
     # last (0 = off); the last engines of at most max_sessions sessions are remembered. 256 is
     # four requests in flight (load_cost_tokens): a starting figure, not yet measured.
     # Stored Responses API responses: which engine holds each (response_ids.py), for at
-    # most response_ttl_s and max_response_ids ids (about 130 bytes an id), shared with the
+    # most response_ttl_s and max_response_ids ids (about 100 bytes an id), shared with the
     # other router replicas through the store.
     response_ttl_s: float = Field(default=86_400.0, gt=0)
     max_response_ids: int = Field(default=500_000, ge=1)

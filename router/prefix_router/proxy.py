@@ -26,7 +26,7 @@ from aiohttp import web
 
 from .attempt import Attempt, Ledger, Route
 from .errors import RequestError, error_body
-from .responses import read_json, read_response_json, read_response_sse, read_sse
+from .responses import created_id, read_json, read_response_json, read_response_sse, read_sse
 from .upstream import (
     UpstreamClient,
     UpstreamConnectError,
@@ -255,7 +255,7 @@ class _Forward:
 
     async def _stored(self, a: Attempt, sniff: bytearray) -> bool:
         """Whether the stream's response id was seen (and its engine remembered)."""
-        rid = read_response_sse(bytes(sniff))[2]
+        rid = created_id(bytes(sniff))
         if rid is None:
             return len(sniff) >= _MAX_SNIFF  # not within the sniffed bytes: give up
         await a.stored(rid)

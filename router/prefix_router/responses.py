@@ -169,6 +169,19 @@ def read_response_json(body: bytes) -> Answer:
         return None, None, None
 
 
+def created_id(buf: bytes) -> str | None:
+    """The response id a Responses API stream names in its first event (response.created),
+    once that event's data line has arrived whole; None before."""
+    for line in buf[: buf.rfind(b"\n") + 1].split(b"\n"):
+        if line.startswith(b"data:"):
+            try:
+                event = _EVENT.decode(line[5:].strip())
+            except msgspec.DecodeError:
+                return None
+            return event.response.id if event.response is not None else None
+    return None
+
+
 def read_response_sse(buf: bytes) -> Answer:
     """The same, from a buffered Responses API event stream: the id from its first event,
     the rest from `response.completed` (a stream without it was cut: no text)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import openai
 import pytest
+import redis.asyncio as aioredis
 
 from bench.harness.fleet import Fleet
 
@@ -83,3 +84,55 @@ async def test_cancel_reaches_the_engine_holding_the_response(routers) -> None:
     assert "Cannot cancel" in str(err.value)
     for client in (a, b, c):
         await client.close()
+
+
+async def test_a_background_stream_is_cancelled_by_id_while_it_streams(routers) -> None:
+    """The id is known to every router from the stream's first event, not from its end: a
+    client cancels (or reads back) a long background response while it still streams."""
+    a, b, c = _clients(routers)
+    stream = await a.responses.create(model=MODEL, input="go", background=True, stream=True,
+                                      max_output_tokens=5000)  # fmt: skip
+    events = 0
+    async for event in stream:
+        events += 1
+        if event.type == "response.created":
+            got = await b.responses.cancel(event.response.id)
+            assert got.status == "cancelled"
+            assert (await c.responses.retrieve(event.response.id)).status == "cancelled"
+    assert events < 5000  # the stream ended at the cancel, not at its last token
+    for client in (a, b, c):
+        await client.close()
+
+
+
+async def test_an_answer_reaches_the_client_only_once_every_router_can_find_it(
+    fleet: Fleet, start_sims, tmp_path
+) -> None:
+    """Redis pausing writes (CLIENT PAUSE WRITE: reads still answered) shows the race a busy
+    host makes rare: were the new id's write still on its way when the answer reached the
+    client, a follow-up sent at once through another router would be a 404. The answer (a
+    stream: its first event) waits for the write, within the store's timeout."""
+    sims = await start_sims(fleet, 2, extra=["--enable-responses-api-store"])
+    redis_url = await fleet.start_redis()
+    config = tmp_path / "router.yaml"
+    config.write_text("store:\n  timeout_max_ms: 5000\n")  # over the pause below
+    routers = [(await fleet.start_router(
+        f"router{i}", sims, policy="prefix", kv_capacity=100_000,
+        extra=["--store", "redis", "--redis-url", redis_url, "--config", str(config)],
+    )).url for i in range(2)]  # fmt: skip
+    a, b = _clients(routers)
+    async with aioredis.from_url(redis_url) as r:
+        for stream in (False, True):
+            # under the routers' 1 s socket timeout: a paused write is slow, not failed
+            await r.execute_command("CLIENT", "PAUSE", "800", "WRITE")
+            if stream:
+                async with a.responses.stream(model=MODEL, input="hello",
+                                              max_output_tokens=4) as s:  # fmt: skip
+                    first = await s.get_final_response()
+            else:
+                first = await a.responses.create(model=MODEL, input="hello", max_output_tokens=4)
+            follow = await b.responses.create(model=MODEL, previous_response_id=first.id,
+                                              input="more", max_output_tokens=4)  # fmt: skip
+            assert follow.previous_response_id == first.id
+    for c in (a, b):
+        await c.close()
