@@ -19,6 +19,8 @@ class Backend:
     models: frozenset[str] = field(default_factory=frozenset)
     max_model_len: int | None = None  # as its /v1/models says (vLLM's model cards do)
     request_failures: int = 0  # in a row; a successful probe does not reset them
+    # Its pod is terminating: no new requests, those in flight finish (scheduling/filters.py)
+    leaving: bool = False
 
 
 class BackendSet:
@@ -44,12 +46,29 @@ class BackendSet:
         self._healthy: list[Backend] = []
         self._on_gone: list[Callable[[str], None]] = []
         self._on_join: list[Callable[[str], None]] = []
+        self._on_leaving: list[Callable[[str], None]] = []
 
     def on_gone(self, fn: Callable[[str], None]) -> None:
         self._on_gone.append(fn)
 
     def on_join(self, fn: Callable[[str], None]) -> None:
         self._on_join.append(fn)
+
+    def on_leaving(self, fn: Callable[[str], None]) -> None:
+        """Hear of a backend about to go (terminating, or removed without warning), before
+        its table entries are dropped: its prefixes can still be handed on."""
+        self._on_leaving.append(fn)
+
+    def mark_leaving(self, urls: Iterable[str]) -> None:
+        """These members are leaving (their pods terminate): they take no new request."""
+        for u in sorted({u.rstrip("/") for u in urls}):
+            b = self._by_url.get(u)
+            if b is None or b.leaving:
+                continue
+            b.leaving = True
+            log.info("backend leaving: %s", u)
+            for fn in self._on_leaving:
+                fn(u)
 
     def _refresh(self) -> None:
         self._healthy = [b for b in self._by_url.values() if b.healthy]
@@ -58,11 +77,15 @@ class BackendSet:
         wanted = {u.rstrip("/") for u in urls}
         added = [u for u in wanted if u not in self._by_url]
         removed = [u for u in self._by_url if u not in wanted]
+        unannounced = [u for u in removed if not self._by_url[u].leaving]
         for u in removed:
             del self._by_url[u]
         for u in sorted(added):
             self._by_url[u] = Backend(u)
         self._refresh()
+        for u in unannounced:
+            for fn in self._on_leaving:
+                fn(u)
         for u in removed:
             log.info("backend left: %s", u)
             for fn in self._on_gone:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from .attempt import Ledger, Route
 from .backends import BackendSet
 from .config import RouterSettings
+from .fleet_value import FleetValue
 from .index import PrefixIndex
 from .index.factory import Parts, build_index
 from .keying import Keyer
@@ -24,7 +25,7 @@ from .metrics import RouterMetrics
 from .offload import Offload
 from .parsing import ParsedRequest
 from .scheduling import Scheduler
-from .scheduling.filters import eligible
+from .scheduling.filters import eligible, serving, staying
 from .scheduling.scorers import Signals
 from .sizing import Sizing
 from .store import Store, make_store
@@ -42,6 +43,7 @@ class RouterCore:
     scheduler: Scheduler
     ledger: Ledger
     offload: Offload
+    fleet: FleetValue | None = None  # what only each engine holds, and who inherits it
 
     async def route(self, parsed: ParsedRequest) -> Route:
         started = time.perf_counter()
@@ -88,12 +90,32 @@ def build_core(
     keyer = Keyer(sizing, offload, s.max_prompt_tokens, tokenizer)
     index = build_index(Parts(s, store, backends, metrics, sizing, clock))
     signals = Signals(sizing=sizing)
-    scheduler = Scheduler(s, index, load, metrics, signals, store.requested, rng, clock)
+    fleet = FleetValue(sizing.blocks_tokens, clock=clock)
+    store.engine_values = fleet.values
+    scheduler = Scheduler(
+        s, index, load, metrics, signals, store.requested, rng, clock, matched=fleet.observe
+    )
     ledger = Ledger(
         s, backends, load, index, metrics, signals.steps, keyer,
         holds=scheduler.profile.uses_index, observe=store.observe, clock=clock,
     )
+    backends.on_leaving(lambda url: hand_off(fleet, index, backends, url))
+    backends.on_gone(fleet.forget)
     backends.on_gone(index.drop_backend)
     backends.on_gone(load.forget)
     backends.on_gone(signals.steps.forget)  # what was learned of its rhythm goes with it
-    return RouterCore(s, backends, load, metrics, store, index, keyer, scheduler, ledger, offload)
+    return RouterCore(
+        s, backends, load, metrics, store, index, keyer, scheduler, ledger, offload, fleet
+    )
+
+
+def hand_off(fleet: FleetValue, index: PrefixIndex, backends: BackendSet, url: str) -> None:
+    """`url` is leaving: each prefix only it held goes to its successor in the index, so its
+    followers meet there (the first of them computes it) instead of scattering."""
+
+    def remaining(model: str) -> list[str]:
+        return [b.url for b in staying(serving(backends.healthy(), model)) if not b.leaving]
+
+    for h in fleet.handoff(url, remaining):
+        index.own(h.model, h.chain, h.successor, news=True)
+    fleet.forget(url)

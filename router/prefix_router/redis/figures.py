@@ -6,9 +6,9 @@ HyperLogLog union in Redis that every router adds to, so it is model-wide, not a
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-from ..contract import WORKING_SET_WINDOW_S, RouterFigures, StoreKeys
+from ..contract import WORKING_SET_WINDOW_S, EngineValues, RouterFigures, StoreKeys
 from ..load import LoadTracker
 from .link import RedisLink
 
@@ -37,6 +37,8 @@ class FiguresPublisher:
         self._window: deque[tuple[float, float, float]] = deque()
         self._blocks = 0  # distinct blocks in the working-set window, as last counted
         self._counted_at: float | None = None  # clock() of that count
+        # per engine, what only it holds (fleet_value.py); published beside the figures
+        self.engine_values: Callable[[], Mapping[str, float]] | None = None
 
     def observe(self, prompt_tokens: float, predicted_cached: float) -> None:
         """One request served (called once per request)."""
@@ -71,6 +73,12 @@ class FiguresPublisher:
         key = self._keys.figures(self._router_id)
         pipe.hset(key, mapping=figures.as_hash())
         pipe.expire(key, 2 * WORKING_SET_WINDOW_S)
+        if self.engine_values is not None:
+            # replaced whole: an engine gone from the fleet must not keep its last value
+            vkey = self._keys.engine_values(self._router_id)
+            pipe.delete(vkey)
+            pipe.hset(vkey, mapping=EngineValues(self.engine_values(), now).as_hash())
+            pipe.expire(vkey, 2 * WORKING_SET_WINDOW_S)
         res = await pipe.execute()
         self._blocks = int(res[0])
         self._counted_at = self._clock()
