@@ -33,6 +33,10 @@ class OperatorConfig:
     cleanup_backoff_seconds: float = 2.0
     # One Redis round trip's budget; the store may be unreachable from the operator's network.
     store_timeout_seconds: float = 2.0
+    # Engine pod deletion costs (cost_writer.py): patches a minute per model on average, and
+    # at once; 0 leaves the choice to the ReplicaSet controller.
+    deletion_cost_patches_per_minute: float = 6.0
+    deletion_cost_burst: float = 10.0
     # Delay before retrying a reconcile that hit a temporary API error.
     retry_backoff_seconds: float = 5.0
 
