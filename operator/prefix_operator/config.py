@@ -37,6 +37,9 @@ class OperatorConfig:
     # at once; 0 leaves the choice to the ReplicaSet controller.
     deletion_cost_patches_per_minute: float = 6.0
     deletion_cost_burst: float = 10.0
+    # Test-only, as the router's discovery.address_override_annotation: a pod carrying this
+    # annotation is the engine the routers reach at its host:port (kwok pods are not).
+    engine_address_annotation: str = ""
     # Delay before retrying a reconcile that hit a temporary API error.
     retry_backoff_seconds: float = 5.0
 
