@@ -68,7 +68,7 @@ def pod_patches(metrics: str) -> float:
 def model_manifest(s: Settings, redis_url: str) -> dict[str, Any]:
     return {"apiVersion": "prefixrouter.io/v1alpha1", "kind": "PrefixRoutedModel",
             "metadata": {"name": NAME, "namespace": NAMESPACE}, "spec": {
-                "replicas": s.engines,
+                "replicas": s.engines, "minReplicas": 1, "maxReplicas": s.engines,
                 "model": {"name": MODEL, "source": "meta-llama/Llama-3.1-70B-Instruct"},
                 "engine": {"type": "custom", "image": "engine-sim"},
                 "router": {"kvCapacityTokens": s.kv_capacity_tokens},
