@@ -155,6 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     s = Settings(measure_s=args.measure_seconds, warm_s=args.warm_seconds)
     command = "python -m bench.deletion_writes " + shlex.join(
         argv if argv is not None else sys.argv[1:])
+    provenance = stamp(command)  # of the code that runs, whatever is committed meanwhile
     log_dir = REPO / "bench" / ".logs" / f"deletion-writes-{int(time.time())}"
     log_dir.mkdir(parents=True)
     print(f"deletion_writes: logs in {log_dir}", flush=True)
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
         op = start_operator(cp, log_dir / "operator")
         stack.callback(lambda: (op.terminate(), op.wait(15)))
         run = asyncio.run(_run(s, cp, log_dir))
-    r = {**stamp(command), "date_utc": now_utc(), "settings": asdict(s), **run}
+    r = {**provenance, "date_utc": now_utc(), "settings": asdict(s), **run}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "deletion-writes.json").write_text(json.dumps(r, indent=1) + "\n")

@@ -249,6 +249,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     s = Settings(warm_s=40.0, steady_s=40.0, window_s=120.0) if args.quick else Settings()
     command = "python -m bench.rollout " + shlex.join(argv if argv is not None else sys.argv[1:])
+    provenance = stamp(command)  # of the code that runs, whatever is committed meanwhile
     log_dir = REPO / "bench" / ".logs" / f"rollout-{int(time.time())}"
     log_dir.mkdir(parents=True)
     print(f"rollout: logs in {log_dir}", flush=True)
@@ -261,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{x['rollout_s']} s, {x['errors']} errors", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    r = {**stamp(command), "date_utc": now_utc(), "settings": asdict(s), "runs": runs}
+    r = {**provenance, "date_utc": now_utc(), "settings": asdict(s), "runs": runs}
     (out / "rollout.json").write_text(json.dumps(r, indent=1) + "\n")
     report(r, out)
 
