@@ -60,8 +60,15 @@ class BackendSet:
         self._on_leaving.append(fn)
 
     def mark_leaving(self, urls: Iterable[str]) -> None:
-        """These members are leaving (their pods terminate): they take no new request."""
-        for u in sorted({u.rstrip("/") for u in urls}):
+        """These members, and only these, are leaving (their pods terminate): they take no
+        new request. Level-triggered: a member no longer named (its address ready again,
+        for a new pod) takes requests again."""
+        wanted = {u.rstrip("/") for u in urls}
+        for b in self._by_url.values():
+            if b.leaving and b.url not in wanted:
+                b.leaving = False
+                log.info("backend no longer leaving: %s", b.url)
+        for u in sorted(wanted):
             b = self._by_url.get(u)
             if b is None or b.leaving:
                 continue

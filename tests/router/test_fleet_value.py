@@ -109,8 +109,11 @@ def test_a_leaving_backend_takes_nothing_new_unless_all_are_leaving(make_core):
     core = make_core(BACKENDS[:2], 100_000)
     core.backends.mark_leaving([BACKENDS[0]])
     assert [b.url for b in eligible(core.backends, frozenset(), "m")] == [BACKENDS[1]]
-    core.backends.mark_leaving([BACKENDS[1]])
+    core.backends.mark_leaving(BACKENDS[:2])
     assert {b.url for b in eligible(core.backends, frozenset(), "m")} == set(BACKENDS[:2])
+    # level-triggered: an address no longer leaving (a new pod behind it) takes requests
+    core.backends.mark_leaving([BACKENDS[1]])
+    assert [b.url for b in eligible(core.backends, frozenset(), "m")] == [BACKENDS[0]]
 
 
 def test_discovery_tells_terminating_endpoints_from_ready_ones():
