@@ -13,7 +13,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from prefix_router.contract import RouterFigures, StoreKeys
+from prefix_router.contract import EngineValues, RouterFigures, StoreKeys
 
 from . import kinds
 from .kube import Kube
@@ -97,5 +97,22 @@ async def read_published(url: str, password: str | None, model_key: str,
         for k in keys:
             pipe.hgetall(k)
         return [RouterFigures.from_hash(h) for h in await pipe.execute() if h]
+    finally:
+        await client.aclose()
+
+
+async def read_engine_values(url: str, password: str | None, model_key: str,
+                             timeout: float) -> list[EngineValues]:
+    """The engine values each router of one model published (figures.engine_values)."""
+    client = _client(url, password, timeout)
+    try:
+        keys = [k async for k in client.scan_iter(
+            match=glob_escape(StoreKeys(model_key).engine_values_prefix) + "*", count=200)]
+        if not keys:
+            return []
+        pipe = client.pipeline(transaction=False)
+        for k in keys:
+            pipe.hgetall(k)
+        return [EngineValues.from_hash(h) for h in await pipe.execute() if h]
     finally:
         await client.aclose()

@@ -116,6 +116,9 @@ WATCHED_KINDS: tuple[Kind, ...] = tuple(dict.fromkeys(c.kind for c in CHILDREN))
 CHILD_VERBS = ("get", "create", "patch", "list", "watch")
 # And to a kind with a child the spec can turn off: prune it (delete).
 PRUNE_VERB = "delete"
+# The engine pods the model-server Deployment makes: listed and annotated with their deletion
+# cost (cost_writer.py), never read one by one, created or deleted.
+ENGINE_POD_VERBS = ("list", "patch")
 
 
 def render_all(model: Model, cfg: OperatorConfig) -> list[Manifest]:
@@ -139,4 +142,5 @@ def permissions() -> set[tuple[str, str, str]]:
     for c in CHILDREN:
         verbs = (*CHILD_VERBS, PRUNE_VERB) if c.conditional else CHILD_VERBS
         out |= {(c.kind.group, c.kind.plural, v) for v in verbs}
+    out |= {(kinds.POD.group, kinds.POD.plural, v) for v in ENGINE_POD_VERBS}
     return out

@@ -33,6 +33,13 @@ class OperatorConfig:
     cleanup_backoff_seconds: float = 2.0
     # One Redis round trip's budget; the store may be unreachable from the operator's network.
     store_timeout_seconds: float = 2.0
+    # Engine pod deletion costs (cost_writer.py): patches a minute per model on average, and
+    # at once; 0 leaves the choice to the ReplicaSet controller.
+    deletion_cost_patches_per_minute: float = 6.0
+    deletion_cost_burst: float = 10.0
+    # Test-only, as the router's discovery.address_override_annotation: a pod carrying this
+    # annotation is the engine the routers reach at its host:port (kwok pods are not).
+    engine_address_annotation: str = ""
     # Delay before retrying a reconcile that hit a temporary API error.
     retry_backoff_seconds: float = 5.0
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from prefix_router.contract import WORKING_SET_WINDOW_S, RouterFigures
+from prefix_router.contract import WORKING_SET_WINDOW_S, EngineValues, RouterFigures
 
 # A router silent for a whole working-set window has nothing to say about that window: it is
 # gone (stopped, or cut off from the store).
@@ -130,3 +130,16 @@ def aggregate(published: Sequence[RouterFigures], *, now: float, ready_replicas:
         queued=t.queued,
         oldest_wait_s=round(t.oldest_wait_s, 3),
     )
+
+
+def engine_values(published: Sequence[EngineValues], *, now: float,
+                  stale_after: float = STALE_AFTER_SECONDS) -> dict[str, float]:
+    """Per engine URL, the prefill tokens a second only it saves, fleet-wide: each router
+    counts the requests through itself, so the fresh routers' values add up."""
+    out: dict[str, float] = {}
+    for p in published:
+        if now - p.updated_at > stale_after:
+            continue
+        for url, value in p.values.items():
+            out[url] = out.get(url, 0.0) + value
+    return out

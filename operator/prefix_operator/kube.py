@@ -133,3 +133,21 @@ class Kube:
             if e.status == 404:  # deleted meanwhile
                 return None
             raise
+
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        out = await self.request("GET", kinds.POD.path(namespace),
+                                 query=[("labelSelector", selector)])
+        return list((out or {}).get("items") or [])
+
+    async def annotate_pod(self, namespace: str, name: str,
+                           annotations: dict[str, str | None]) -> bool:
+        """Merge-patch a pod's annotations (None removes one); False when it is gone."""
+        try:
+            await self.request("PATCH", kinds.POD.path(namespace, name),
+                               body={"metadata": {"annotations": annotations}},
+                               content_type="application/merge-patch+json")
+            return True
+        except KubeError as e:
+            if e.status == 404:
+                return False
+            raise

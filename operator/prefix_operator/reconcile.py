@@ -22,6 +22,7 @@ from . import cachestore, children, figures, kinds
 from . import conditions as c
 from .children import Ref, possible_refs, ref_of, render_all
 from .config import OperatorConfig
+from .cost_writer import CostWriter
 from .kube import Kube, KubeError
 from .naming import store_url
 from .spec import Model
@@ -77,6 +78,7 @@ class Reconciler:
         self._poked: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._again: set[tuple[str, str]] = set()
         self.runs = 0  # kopf's liveness probe reports it
+        self.costs = CostWriter(kube, cfg)
 
     # ----------------------------------------------------------------- entry points
 
@@ -281,7 +283,19 @@ class Reconciler:
         patch: dict[str, Any] = {k: None for k in prev if k not in routing}
         patch.update(routing)
         await self.kube.patch_model_status(namespace, name, {"routing": patch})
+        await self.refresh_deletion_costs(model, url, password)
         return figs
+
+    async def refresh_deletion_costs(self, model: Model, url: str, password: str | None) -> None:
+        """Engine pods ranked by what only each holds (cost_writer.py), so a scale-down
+        removes the coldest."""
+        try:
+            values = await cachestore.read_engine_values(url, password, model.key,
+                                                         self.cfg.store_timeout_seconds)
+        except Exception as e:  # the store went away since the figures: try next time
+            log.debug("engine values of %s unavailable: %s", model.key, e)
+            return
+        await self.costs.refresh(model, figures.engine_values(values, now=time.time()))
 
     async def mark_cleanup_abandoned(self, body: dict[str, Any], message: str) -> None:
         meta = body["metadata"]

@@ -219,7 +219,7 @@ def build_app(settings: RouterSettings, discovery: Discovery | None = None) -> w
         def on_change(urls: Sequence[str]) -> None:
             backends.set_members(urls)
 
-        await the_discovery.start(on_change)
+        await the_discovery.start(on_change, backends.mark_leaving)
         app[STARTED] = time.monotonic()
         await health.probe_once()
         health.start()

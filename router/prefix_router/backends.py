@@ -24,6 +24,8 @@ class Backend:
     # first failure ejects it again. Probes pass on an engine that hangs every request.
     probation: bool = False
     trial: bool = False
+    # Its pod is terminating: no new requests, those in flight finish (scheduling/filters.py)
+    leaving: bool = False
 
 
 class BackendSet:
@@ -57,12 +59,36 @@ class BackendSet:
     def on_hung(self, fn: Callable[[str, str], None]) -> None:
         """`fn(url, why)`: the backend hangs; nothing in flight there will be answered."""
         self._on_hung.append(fn)
+        self._on_leaving: list[Callable[[str], None]] = []
 
     def on_gone(self, fn: Callable[[str], None]) -> None:
         self._on_gone.append(fn)
 
     def on_join(self, fn: Callable[[str], None]) -> None:
         self._on_join.append(fn)
+
+    def on_leaving(self, fn: Callable[[str], None]) -> None:
+        """Hear of a backend about to go (terminating, or removed without warning), before
+        its table entries are dropped: its prefixes can still be handed on."""
+        self._on_leaving.append(fn)
+
+    def mark_leaving(self, urls: Iterable[str]) -> None:
+        """These members, and only these, are leaving (their pods terminate): they take no
+        new request. Level-triggered: a member no longer named (its address ready again,
+        for a new pod) takes requests again."""
+        wanted = {u.rstrip("/") for u in urls}
+        for b in self._by_url.values():
+            if b.leaving and b.url not in wanted:
+                b.leaving = False
+                log.info("backend no longer leaving: %s", b.url)
+        for u in sorted(wanted):
+            b = self._by_url.get(u)
+            if b is None or b.leaving:
+                continue
+            b.leaving = True
+            log.info("backend leaving: %s", u)
+            for fn in self._on_leaving:
+                fn(u)
 
     def _refresh(self) -> None:
         healthy = [b for b in self._by_url.values() if b.healthy]
@@ -74,11 +100,15 @@ class BackendSet:
         wanted = {u.rstrip("/") for u in urls}
         added = [u for u in wanted if u not in self._by_url]
         removed = [u for u in self._by_url if u not in wanted]
+        unannounced = [u for u in removed if not self._by_url[u].leaving]
         for u in removed:
             del self._by_url[u]
         for u in sorted(added):
             self._by_url[u] = Backend(u)
         self._refresh()
+        for u in unannounced:
+            for fn in self._on_leaving:
+                fn(u)
         for u in removed:
             log.info("backend left: %s", u)
             for fn in self._on_gone:

@@ -24,6 +24,8 @@ carry block hashes in hex, never prompt text):
   router:<router id>      HASH  the router's figures over the window (RouterFigures)
   resp:<id hash>          STRING  the engine holding a stored Responses API response
                                 (response_ids.py), expiring with `response_ttl_s`
+  value:<router id>       HASH  engine URL -> prefill tokens a second only it would save,
+                                from this router's requests (EngineValues)
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ ROUTERS_KEY = "routers"
 MODELS_KEY = "models"
 FIGURES_INFIX = "router:"
 RESPONSE_INFIX = "resp:"
+ENGINE_VALUES_INFIX = "value:"
 
 # The working set is the distinct blocks requested within the window, counted in buckets.
 WORKING_SET_BUCKET_S = 10
@@ -121,6 +124,14 @@ class StoreKeys:
         """Followed by a router id: that router's figures."""
         return self.prefix + FIGURES_INFIX
 
+    def engine_values(self, router_id: str) -> str:
+        return f"{self.prefix}{ENGINE_VALUES_INFIX}{router_id}"
+
+    @property
+    def engine_values_prefix(self) -> str:
+        """Followed by a router id: that router's engine values."""
+        return self.prefix + ENGINE_VALUES_INFIX
+
 
 @dataclass(frozen=True, slots=True)
 class RouterFigures:
@@ -152,3 +163,36 @@ class RouterFigures:
             except (TypeError, ValueError):
                 values[f.name] = 0.0
         return cls(**values)
+
+
+# The field of an EngineValues hash that is not an engine (engine fields are URLs).
+UPDATED_AT_FIELD = "@updated_at"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineValues:
+    """What one router publishes per engine (fleet_value.py): prefill tokens a second that
+    would be recomputed if that engine went, from the requests through this router whose
+    longest match is on that engine alone. The routers' values add up."""
+
+    values: Mapping[str, float]  # engine base URL -> tokens a second
+    updated_at: float = 0.0  # unix seconds of the publication
+
+    def as_hash(self) -> dict[str, float]:
+        return {**self.values, UPDATED_AT_FIELD: self.updated_at}
+
+    @classmethod
+    def from_hash(cls, h: Mapping[str, object]) -> EngineValues:
+        """Garbled fields are skipped (one bad entry must not hide the others)."""
+        values: dict[str, float] = {}
+        updated_at = 0.0
+        for name, raw in h.items():
+            try:
+                v = float(raw)  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                continue
+            if name == UPDATED_AT_FIELD:
+                updated_at = v
+            else:
+                values[str(name)] = v
+        return cls(values, updated_at)

@@ -18,6 +18,7 @@ from .backends import BackendSet
 from .config import RouterSettings
 from .engine_states import EngineStates
 from .errors import RequestError
+from .fleet_value import FleetValue
 from .index import PrefixIndex
 from .index.factory import Parts, build_index
 from .keying import Key, Keyer
@@ -30,7 +31,7 @@ from .response_ids import Holders, ResponseIds
 from .restarts import RestartDetector
 from .scheduling import Decision, Scheduler
 from .scheduling.bands import Classifier
-from .scheduling.filters import eligible
+from .scheduling.filters import eligible, serving, staying
 from .scheduling.queue import DispatchQueue
 from .scheduling.saturation import Saturation
 from .scheduling.scorers import Signals
@@ -56,6 +57,7 @@ class RouterCore:
     responses: Holders  # which engine holds each stored Responses API response
     states: EngineStates  # each engine's index state; engines found emptied
     dispatch: DispatchQueue
+    fleet: FleetValue | None = None  # what only each engine holds, and who inherits it
 
     async def route(
         self, parsed: ParsedRequest, headers: Mapping[str, str] = _NO_HEADERS, size: int = 0
@@ -161,7 +163,11 @@ def build_core(
     metrics.watch_states(states.states)
     store.watch_states(states.counts)
     signals = Signals(sizing=sizing, sessions=Sessions(s.max_sessions))
-    scheduler = Scheduler(s, index, load, metrics, signals, store.requested, rng, clock)
+    fleet = FleetValue(sizing.blocks_tokens, clock=clock)
+    store.engine_values = fleet.values
+    scheduler = Scheduler(
+        s, index, load, metrics, signals, store.requested, rng, clock, matched=fleet.observe
+    )
     responses = Holders(
         ResponseIds(s.max_response_ids, s.response_ttl_s, clock), store, s.response_ttl_s
     )
@@ -171,6 +177,8 @@ def build_core(
         remember_response=responses.remember,
         evidence=states.answered,
     )
+    backends.on_leaving(lambda url: hand_off(fleet, index, backends, url))
+    backends.on_gone(fleet.forget)
     backends.on_gone(index.drop_backend)
     backends.on_gone(states.forget)  # a replacement starts a new baseline
     backends.on_gone(load.forget)
@@ -181,7 +189,7 @@ def build_core(
     store.show_demand(dispatch.demand)
     return RouterCore(
         s, backends, load, metrics, store, index, keyer, scheduler, ledger, offload, responses,
-        states, dispatch,
+        states, dispatch, fleet,
     )
 
 
@@ -201,3 +209,15 @@ def build_dispatch(
     saturation.on_change = q.pump
     metrics.watch_queue(q.demand)
     return q
+
+
+def hand_off(fleet: FleetValue, index: PrefixIndex, backends: BackendSet, url: str) -> None:
+    """`url` is leaving: each prefix only it held goes to its successor in the index, so its
+    followers meet there (the first of them computes it) instead of scattering."""
+
+    def remaining(model: str) -> list[str]:
+        return [b.url for b in staying(serving(backends.healthy(), model)) if not b.leaving]
+
+    for h in fleet.handoff(url, remaining):
+        index.own(h.model, h.chain, h.successor, news=True)
+    fleet.forget(url)

@@ -15,10 +15,15 @@ from .config import base_urls
 log = logging.getLogger("prefix_router.discovery")
 
 OnChange = Callable[[Sequence[str]], None]
+# The members that are leaving (their pods terminate): no new requests go there.
+OnLeaving = Callable[[Sequence[str]], None]
 
 
 class Discovery(Protocol):
-    async def start(self, on_change: OnChange) -> None: ...
+    async def start(self, on_change: OnChange, on_leaving: OnLeaving | None = None) -> None:
+        """`on_leaving`: where the source can tell a member is on its way out."""
+        ...
+
     async def stop(self) -> None: ...
 
 
@@ -28,7 +33,7 @@ class StaticDiscovery:
     def __init__(self, urls: Sequence[str]) -> None:
         self._urls = list(urls)
 
-    async def start(self, on_change: OnChange) -> None:
+    async def start(self, on_change: OnChange, on_leaving: OnLeaving | None = None) -> None:
         on_change(self._urls)
 
     async def stop(self) -> None:
@@ -61,7 +66,7 @@ class FileDiscovery:
             self._last = urls
             on_change(urls)
 
-    async def start(self, on_change: OnChange) -> None:
+    async def start(self, on_change: OnChange, on_leaving: OnLeaving | None = None) -> None:
         self._check(on_change)
         self._task = asyncio.create_task(self._loop(on_change), name="file-discovery")
 

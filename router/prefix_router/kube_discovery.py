@@ -22,7 +22,7 @@ from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from .config import DiscoverySettings
-from .discovery import OnChange
+from .discovery import OnChange, OnLeaving
 
 log = logging.getLogger("prefix_router.kube_discovery")
 
@@ -40,6 +40,18 @@ def _namespace(settings: DiscoverySettings) -> str:
 def ready_addresses(slice_obj: Any, port: int | None) -> list[tuple[str, int, str | None]]:
     """(address, port, pod name) of the ready endpoints of one EndpointSlice: on `port`, or
     on the slice's first port where it names others (or `port` is None)."""
+    return _addresses(slice_obj, port, leaving=False)
+
+
+def leaving_addresses(slice_obj: Any, port: int | None) -> list[tuple[str, int, str | None]]:
+    """The same of its terminating endpoints: pods on their way out, whose requests in
+    flight may still be running (the API keeps them in the slice with `terminating`)."""
+    return _addresses(slice_obj, port, leaving=True)
+
+
+def _addresses(
+    slice_obj: Any, port: int | None, leaving: bool
+) -> list[tuple[str, int, str | None]]:
     given = slice_obj.ports or []
     if port is None or (given and all(p.port != port for p in given)):
         port = next((p.port for p in given if p.port), port)
@@ -49,7 +61,8 @@ def ready_addresses(slice_obj: Any, port: int | None) -> list[tuple[str, int, st
     for ep in slice_obj.endpoints or []:
         cond = ep.conditions
         ready = cond.ready if cond is not None and cond.ready is not None else True
-        if not ready or not ep.addresses:
+        terminating = bool(cond is not None and cond.terminating)
+        if not ep.addresses or not (terminating if leaving else ready):
             continue
         ref = ep.target_ref
         pod = ref.name if ref is not None and ref.kind == "Pod" else None
@@ -64,11 +77,14 @@ class KubernetesDiscovery:
         self._selector = f"kubernetes.io/service-name={settings.service}"
         self._task: asyncio.Task[None] | None = None
         self._slices: dict[str, list[tuple[str, int, str | None]]] = {}
+        self._leaving: dict[str, list[tuple[str, int, str | None]]] = {}
+        self._on_leaving: OnLeaving | None = None
+        self._last_leaving: list[str] = []
         self._overrides: dict[str, str] = {}
         self._api: client.ApiClient | None = None
         self._last: list[str] | None = None
 
-    async def start(self, on_change: OnChange) -> None:
+    async def start(self, on_change: OnChange, on_leaving: OnLeaving | None = None) -> None:
         if self._s.kubeconfig:
             await config.load_kube_config(config_file=self._s.kubeconfig)
         else:
@@ -78,6 +94,7 @@ class KubernetesDiscovery:
                 await config.load_kube_config()
         self._api = client.ApiClient()
         self._on_change = on_change
+        self._on_leaving = on_leaving
         rv = await self._list()
         self._task = asyncio.create_task(self._run(rv), name="kube-discovery")
 
@@ -94,6 +111,7 @@ class KubernetesDiscovery:
         api = client.DiscoveryV1Api(self._api)
         resp = await api.list_namespaced_endpoint_slice(self._ns, label_selector=self._selector)
         self._slices = {s.metadata.name: ready_addresses(s, self._s.port) for s in resp.items}
+        self._leaving = {s.metadata.name: leaving_addresses(s, self._s.port) for s in resp.items}
         await self._publish()
         return resp.metadata.resource_version
 
@@ -126,8 +144,11 @@ class KubernetesDiscovery:
                         rv = obj.metadata.resource_version
                         if kind == "DELETED":
                             self._slices.pop(obj.metadata.name, None)
+                            self._leaving.pop(obj.metadata.name, None)
                         else:
                             self._slices[obj.metadata.name] = ready_addresses(obj, self._s.port)
+                            self._leaving[obj.metadata.name] = leaving_addresses(
+                                obj, self._s.port)
                         await self._publish()
             except ApiException as exc:
                 rv = None
@@ -159,13 +180,28 @@ class KubernetesDiscovery:
         for eps in self._slices.values():
             for ip, port, pod in eps:
                 urls.append(await self._address(ip, port, pod))
-        current = sorted(set(urls))
+        leaving: list[str] = []
+        if self._on_leaving is not None:
+            # A member whose pod terminates stays one, marked leaving, until its endpoint goes:
+            # the routers place nothing new there and hand its prefixes on (fleet_value.py).
+            was = set(self._last or ())
+            for eps in self._leaving.values():
+                for ip, port, pod in eps:
+                    url = await self._address(ip, port, pod)
+                    if url in was and url not in urls:
+                        leaving.append(url)
+        current = sorted(set(urls) | set(leaving))
         if current != self._last:
             self._last = current
             log.info(
-                "discovered %d ready backends for service %s/%s",
-                len(current),
+                "discovered %d ready backends (%d leaving) for service %s/%s",
+                len(current) - len(set(leaving)),
+                len(set(leaving)),
                 self._ns,
                 self._s.service,
             )
             self._on_change(current)
+        leaving = sorted(set(leaving))
+        if self._on_leaving is not None and leaving != self._last_leaving:
+            self._last_leaving = leaving
+            self._on_leaving(leaving)

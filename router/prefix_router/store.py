@@ -5,7 +5,7 @@ the request path is the same for both."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .config import RouterSettings
@@ -34,6 +34,8 @@ class Store:
     observe: Callable[[float, float], None] | None = None
     # where the other routers see this one's requests sent and not yet answered
     holds: PeerHolds | None = None
+    # per engine, what only it holds (fleet_value.py): published for the operator
+    engine_values: Callable[[], Mapping[str, float]] | None = None
 
     def table(self, local: LocalIndex) -> Ownership:
         """The prefix table the router's decisions go to (`local`: this process's own)."""

@@ -92,6 +92,13 @@ def test_default_vllm_model_server(cfg: OperatorConfig) -> None:
     assert env["HF_HOME"] == "/root/.cache/huggingface"
 
 
+def test_engines_roll_one_new_ready_before_each_old_goes(cfg: OperatorConfig) -> None:
+    """The strategy the rollout A/B chose (bench/results/lifecycle/README.md)."""
+    d = by_ref(render_all(model(), cfg))[("Deployment", "llama-model-server")]
+    assert d["spec"]["strategy"] == {"type": "RollingUpdate",
+                                     "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+
+
 def test_full_spec_model_server(cfg: OperatorConfig) -> None:
     d = by_ref(render_all(model(**FULL_SPEC), cfg))[("Deployment", "llama-model-server")]
     c = container(d)

@@ -184,6 +184,10 @@ hands out): nothing missing, nothing more.
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
   verbs: [get, list, watch, create, patch]
+# The engine pods: each one's deletion cost, from what only it holds (cost_writer.py).
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list, patch]
 # The router Role the operator creates grants these; Kubernetes lets a subject write a Role
 # only with permissions it holds itself, which needs no escalate or bind verb.
 - apiGroups: [discovery.k8s.io]

@@ -77,6 +77,7 @@ class SharedStore(Store):
         self._clock = clock
         self._wall = wall
         self.observe = self.figures.observe
+        self.figures.engine_values = lambda: self.engine_values() if self.engine_values else {}
         load.on_edge = self._edge
         self.timer_round_trips = 0
         self._tasks: list[asyncio.Task[None]] = []

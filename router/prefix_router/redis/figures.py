@@ -7,9 +7,9 @@ model-wide, not a sum)."""
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-from ..contract import WORKING_SET_WINDOW_S, RouterFigures, StoreKeys
+from ..contract import WORKING_SET_WINDOW_S, EngineValues, RouterFigures, StoreKeys
 from ..load import LoadTracker
 from .link import RedisLink
 
@@ -42,6 +42,8 @@ class FiguresPublisher:
         self.states: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0)
         # the dispatch queue's (requests waiting, oldest wait): demand for the autoscaler
         self.demand: Callable[[], tuple[int, float]] | None = None
+        # per engine, what only it holds (fleet_value.py); published beside the figures
+        self.engine_values: Callable[[], Mapping[str, float]] | None = None
 
     def observe(self, prompt_tokens: float, predicted_cached: float) -> None:
         """One request served (called once per request)."""
@@ -83,6 +85,12 @@ class FiguresPublisher:
         key = self._keys.figures(self._router_id)
         pipe.hset(key, mapping=figures.as_hash())
         pipe.expire(key, 2 * WORKING_SET_WINDOW_S)
+        if self.engine_values is not None:
+            # replaced whole: an engine gone from the fleet must not keep its last value
+            vkey = self._keys.engine_values(self._router_id)
+            pipe.delete(vkey)
+            pipe.hset(vkey, mapping=EngineValues(self.engine_values(), now).as_hash())
+            pipe.expire(vkey, 2 * WORKING_SET_WINDOW_S)
         res = await pipe.execute()
         self._blocks = int(res[0])
         self._counted_at = self._clock()

@@ -58,4 +58,11 @@ def eligible(backends: BackendSet, models: frozenset[str], model: str) -> list[B
     healthy = backends.healthy()
     if not healthy:
         raise RequestError(503, "no healthy backend is available", retry_after=1)
-    return serving(healthy, model)
+    return staying(serving(healthy, model))
+
+
+def staying(backends: Sequence[Backend]) -> list[Backend]:
+    """The backends not leaving: a terminating engine's requests in flight finish there, and
+    nothing new is placed on it (all of them while every one is leaving: a rollout's last
+    moment still serves)."""
+    return [b for b in backends if not b.leaving] or list(backends)

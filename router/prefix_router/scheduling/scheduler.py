@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import xxhash
 
@@ -38,8 +38,11 @@ class Scheduler:
         requested: Callable[[str, list[int]], None] | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
+        matched: Callable[[str, Sequence[int], Mapping[str, int]], None] | None = None,
     ) -> None:
         self._policy = settings.policy
+        # each lookup's answer, for what only one engine holds (fleet_value.py)
+        self._matched = matched
         self._log = settings.log_decisions
         self._index = index
         self._load = load
@@ -61,6 +64,8 @@ class Scheduler:
         hashes = key.hashes
         profile = self.profile
         matches = await self._lookup(model, hashes) if profile.uses_index else None
+        if matches is not None and self._matched is not None:
+            self._matched(model, hashes, matches)
         # The load is read after the lookup, never across its await: the round trip brings
         # the other routers' load, and this router's own requests routed meanwhile count too.
         # Read before it, three routers on Redis each missed the others' latest sends and
