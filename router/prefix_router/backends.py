@@ -55,11 +55,11 @@ class BackendSet:
         self._on_gone: list[Callable[[str], None]] = []
         self._on_join: list[Callable[[str], None]] = []
         self._on_hung: list[Callable[[str, str], None]] = []
+        self._on_leaving: list[Callable[[str], None]] = []
 
     def on_hung(self, fn: Callable[[str, str], None]) -> None:
         """`fn(url, why)`: the backend hangs; nothing in flight there will be answered."""
         self._on_hung.append(fn)
-        self._on_leaving: list[Callable[[str], None]] = []
 
     def on_gone(self, fn: Callable[[str], None]) -> None:
         self._on_gone.append(fn)
