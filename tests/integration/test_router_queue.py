@@ -39,7 +39,7 @@ async def saturated(fleet: Fleet, start_sims, tmp_path: Path, **queue: Any) -> P
 
 
 async def metric(router: Proc, name: str) -> float:
-    async with aiohttp.ClientSession() as s, s.get(router.url + "/metrics") as r:
+    async with aiohttp.ClientSession() as s, s.get(router.metrics) as r:
         text = await r.text()
     m = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
     return float(m.group(1)) if m else 0.0
