@@ -94,7 +94,7 @@ async def test_ready_after_the_wait_whatever_the_replays_do(fleet: Fleet, held_r
                       ready_wait_s=0.5) as client:  # fmt: skip
         await waiting.until(lambda: is_ready(client), 30, "ready after ready_wait_s",
                             interval=0.05)
-
+        assert await is_ready(client)  # the replay never answered
 
 async def test_a_new_router_hits_what_the_engines_already_hold(fleet: Fleet) -> None:
     """Another router (here: a client straight to the engine) filled one engine's cache; a

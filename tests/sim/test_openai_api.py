@@ -53,7 +53,7 @@ def async_client(p: Proc) -> openai.AsyncOpenAI:
 STORE_ON = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
 
 
-def _conversation(c: openai.OpenAI) -> None:
+def _conversation(c: openai.OpenAI) -> str:
     first = c.responses.create(model="m", instructions=LONG, input="hello", max_output_tokens=5)
     assert first.id.startswith("resp_") and first.object == "response"
     # the simulator always stops at the limit: vLLM calls that "incomplete"
@@ -92,6 +92,7 @@ def _conversation(c: openai.OpenAI) -> None:
     )  # fmt: skip
     assert streamed[-1].type == "response.completed"
     assert streamed[-1].response.usage.input_tokens == second.usage.input_tokens
+    return streamed[-1].response.id
 
     got = c.responses.retrieve(first.id)
     assert got.id == first.id and got.output_text == first.output_text
@@ -125,7 +126,8 @@ async def test_a_responses_conversation_with_the_sync_client(
     fleet: Fleet, extra: list[str]
 ) -> None:
     sim = await start_sim(fleet, "sim0", env=STORE_ON, extra=extra)
-    await asyncio.to_thread(_conversation, sync_client(sim))
+    last = await asyncio.to_thread(_conversation, sync_client(sim))
+    assert last.startswith("resp_")  # every turn checked inside
 
 
 async def test_streamed_responses_with_the_async_client(fleet: Fleet) -> None:
