@@ -149,7 +149,7 @@ class Attempt:
         if usage is not None:
             self.learn(*usage)
         if answer and self.confirmed and r.hashes:
-            canonical = sched.next_turn(r.parsed, answer)
+            canonical = r.prompt.next_turn(answer).canonical
             nxt = extend_hashes(r.hashes, canonical, sched.sizing.block_bytes, r.seed)
             if len(nxt) > len(r.hashes):
                 # the prompt's blocks were recorded at its first token: the answer's are new
@@ -161,7 +161,7 @@ class Attempt:
         really held against what the index predicted."""
         sched, r, backend = self.sched, self.route, self.backend
         sizing = sched.sizing
-        if sizing.learn(len(r.parsed.canonical), prompt):
+        if sizing.learn(len(r.prompt.canonical), prompt):
             sched.index.resize(sizing.block_tokens)
         if cached is None and sched.settings.cached_tokens_reported:
             cached = 0

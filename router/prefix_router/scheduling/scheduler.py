@@ -27,6 +27,7 @@ from ..metrics import RouterMetrics
 from ..offload import Offload
 from ..parsing import ParsedRequest, next_turn_canonical
 from ..prefix import block_hashes, chain_seed
+from ..prompt import Prompt, PromptError
 from ..sizing import Sizing
 from .candidate import Ask, Candidate, Decision
 from .filters import serving
@@ -34,7 +35,7 @@ from .profiles import PROFILES
 from .scorers import Signals
 
 if TYPE_CHECKING:
-    from ..tokens import ChatTokenizer
+    from ..prompt import Renderer
 
 log = logging.getLogger("prefix_router.decisions")
 
@@ -44,6 +45,7 @@ class Route:
     """A request with its decision: what the proxy forwards and the attempts record."""
 
     parsed: ParsedRequest
+    prompt: Prompt  # what the engine runs: its key's bytes, its next turn
     seed: int
     hashes: list[int]
     prompt_tokens: float
@@ -82,11 +84,11 @@ class Scheduler:
         self._rng = rng or random.Random()
         self.profile = PROFILES[settings.policy](settings, self.signals, self._rng)
         self.offload = Offload()
-        self.tokenizer: ChatTokenizer | None = None
+        self.tokenizer: Renderer | None = None
         if settings.tokenizer:
-            from ..tokens import ChatTokenizer  # tokenizers, jinja2: only where configured
+            from ..prompt import Renderer  # tokenizers, jinja2: only where configured
 
-            self.tokenizer = ChatTokenizer(settings.tokenizer)
+            self.tokenizer = Renderer(settings.tokenizer)
         self.sizing = Sizing(
             settings.block_size, settings.block_bytes, settings.bytes_per_token,
             exact=self.tokenizer is not None,
@@ -111,8 +113,9 @@ class Scheduler:
         model = parsed.model
         backends = serving(healthy, model)
         seed = chain_seed(model, parsed.cache_salt)
-        hashes = await self.offload.run(len(parsed.canonical), self._key, parsed, seed, backends)
-        canonical = parsed.canonical
+        prompt, hashes = await self.offload.run(
+            len(parsed.canonical), self._key, parsed, seed, backends)
+        canonical = prompt.canonical
         profile = self.profile
         matches = await self._lookup(model, hashes) if profile.uses_index else None
         # The load is read after the lookup, never across its await: the round trip brings
@@ -144,19 +147,31 @@ class Scheduler:
                 ",".join(f"{c.name}:{c.in_flight:.0f}/{c.matched_blocks}" for c in cands),
             )
         prompt_tokens = self.sizing.prompt_tokens(len(canonical))
-        return Route(parsed, seed, hashes, prompt_tokens, decision, started)
+        return Route(parsed, prompt, seed, hashes, prompt_tokens, decision, started)
 
-    def _key(self, parsed: ParsedRequest, seed: int, backends: list[Backend]) -> list[int]:
-        """The prompt's chain of block hashes (token ids first, with a tokenizer), once it is
-        known to fit: a prompt longer than the engines take is refused before any work on
-        the index. Pure CPU: large prompts run in a worker thread (offload.py)."""
+    def prompt(self, parsed: ParsedRequest) -> Prompt:
+        """The prompt the engine will run: rendered and tokenized as vLLM does (prompt.py)
+        with a tokenizer, else the request's canonical bytes."""
         if self.tokenizer is not None:
-            self.tokenizer.tokenize(parsed)
+            try:
+                return self.tokenizer.request(parsed.kind, parsed.body)
+            except PromptError as exc:  # what the engine would answer too
+                raise RequestError(400, str(exc), param=exc.param) from None
+        return Prompt(parsed.canonical, exact=False,
+                      _next=lambda answer: Prompt(next_turn_canonical(parsed, answer),
+                                                  exact=False))
+
+    def _key(self, parsed: ParsedRequest, seed: int,
+             backends: list[Backend]) -> tuple[Prompt, list[int]]:
+        """The prompt and its chain of block hashes, once it is known to fit: a prompt
+        longer than the engines take is refused before any work on the index. Pure CPU:
+        large prompts run in a worker thread (offload.py)."""
+        prompt = self.prompt(parsed)
         limit = min(
             (b.max_model_len for b in backends if b.max_model_len),
             default=self.settings.max_prompt_tokens,
         )
-        tokens = self.sizing.prompt_tokens(len(parsed.canonical))
+        tokens = self.sizing.prompt_tokens(len(prompt.canonical))
         # with byte blocks the count is an estimate: only what is far over is refused here
         if tokens > limit * (1.0 if self.sizing.exact else 2.0):
             what = "tokens" if self.sizing.exact else "tokens, estimated"
@@ -167,7 +182,7 @@ class Scheduler:
                 param="messages" if parsed.kind == "chat" else "prompt",
                 code="context_length_exceeded",
             )
-        return block_hashes(parsed.canonical, self._block_bytes, seed)
+        return prompt, block_hashes(prompt.canonical, self._block_bytes, seed)
 
     async def _lookup(self, model: str, hashes: list[int]) -> dict[str, int]:
         """Each backend's leading blocks of the chain: the index's, merged with the chains
@@ -201,12 +216,6 @@ class Scheduler:
         b = self.backends.get(backend)
         served = b.models if b is not None else frozenset()
         return next(iter(served)) if len(served) == 1 else None
-
-    def next_turn(self, parsed: ParsedRequest, answer: str) -> bytes:
-        """Canonical bytes the next turn of this conversation starts with."""
-        if self.tokenizer is not None:
-            return self.tokenizer.next_turn_bytes(parsed, answer)
-        return next_turn_canonical(parsed, answer)
 
     def left(self, backend: str) -> None:
         """A backend left or was ejected: what was learned of its rhythm goes with it."""
