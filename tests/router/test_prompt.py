@@ -41,12 +41,15 @@ def test_a_responses_request_is_the_prompt_of_its_equivalent_chat(renderer) -> N
         k: v for k, v in tools[0].items() if k != "type"}}], "messages": [
         {"role": "system", "content": "Be exact."}, {"role": "user", "content": "find it"},
         # two calls in a row are one assistant message with both
-        {"role": "assistant", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "grep", "arguments": "{\"q\": \"x\"}"}},
-            {"id": "c2", "type": "function", "function": {"name": "grep", "arguments": "{\"q\": \"y\"}"}}]},
+        {"role": "assistant", "tool_calls": [_call("c1", "x"), _call("c2", "y")]},
         {"role": "tool", "tool_call_id": "c1", "content": "a.py"},
         {"role": "tool", "tool_call_id": "c2", "content": "b.py"}]})  # fmt: skip
     assert responses.token_ids == chat.token_ids
+
+
+def _call(cid: str, q: str) -> dict:
+    return {"id": cid, "type": "function",
+            "function": {"name": "grep", "arguments": json.dumps({"q": q})}}
 
 
 def test_an_assistant_message_in_progress_is_continued(renderer) -> None:
