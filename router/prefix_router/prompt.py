@@ -22,6 +22,8 @@ Whether a tokenizer really splits that way is checked when it is loaded.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import logging
 import re
@@ -156,6 +158,17 @@ class Encoder:
             return self._piece(text)
         special = self._special
         return b"".join(special.get(p) or self._piece(p) for p in self._split.split(text) if p)
+
+    def pieces(self, text: str) -> list[tuple[int, str, bytes]]:
+        """(its first character, the piece, its ids) of each piece `encode` joins."""
+        if not self._pieces or self._split is None:
+            return [(0, text, self.encode(text))]
+        out, at, special = [], 0, self._special
+        for p in self._split.split(text):
+            if p:
+                out.append((at, p, special.get(p) or self._piece(p)))
+                at += len(p)
+        return out
 
     def _piece(self, text: str) -> bytes:
         if len(text) < CACHE_MIN_CHARS:
@@ -377,24 +390,36 @@ class Renderer:
 
     def _locate(self, text: str, media: tuple[MediaItem, ...], shift: int) -> tuple[
             MultiModalPart, ...]:
-        """Each media item's placeholder tokens, in order of the placeholders in the text."""
+        """Each media item's placeholder tokens, in order of the placeholders in the text: a
+        piece (between special tokens) that holds one is tokenized again with offsets, the
+        pieces before it counted from the cache."""
         if not media:
             return ()
-        enc = self.tokenizer.encode(text, add_special_tokens=False)
+        pieces = self.encoder.pieces(text)
+        starts = [p[0] for p in pieces]
+        before = [0, *itertools.accumulate(len(p[2]) // 4 for p in pieces)]
+        offsets: dict[int, Any] = {}
+
+        def token_at(char: int) -> int | None:
+            k = bisect.bisect_right(starts, char) - 1
+            if k not in offsets:
+                offsets[k] = self.tokenizer.encode(pieces[k][1], add_special_tokens=False)
+            inside = offsets[k].char_to_token(char - starts[k])
+            return None if inside is None else before[k] + inside
+
         out = []
         start = 0
         for item in media:
             at = text.find(item.placeholder, start)
-            if at < 0:  # the template did not write it (an "openai" format template)
-                out.append(MultiModalPart(item.modality, -1, 0, item.hash))
-                continue
-            start = at + len(item.placeholder)
-            first = enc.char_to_token(at)
-            last = enc.char_to_token(start - 1)
+            first = last = None
+            if at >= 0:  # else the template did not write it (an "openai" format template)
+                start = at + len(item.placeholder)
+                first, last = token_at(at), token_at(start - 1)
             if first is None or last is None:
                 out.append(MultiModalPart(item.modality, -1, 0, item.hash))
-                continue
-            out.append(MultiModalPart(item.modality, first + shift, last + 1 - first, item.hash))
+            else:
+                out.append(MultiModalPart(item.modality, shift + first, last + 1 - first,
+                                          item.hash))  # fmt: skip
         return tuple(out)
 
     # -- the simulator's needs -------------------------------------------------------------------

@@ -104,3 +104,19 @@ def test_a_template_that_loops_over_content_gets_the_parts(tmp_path: Path) -> No
         "then"]}], "add_generation_prompt": False})
     assert p.text == "[user]see<IMG>then"
     assert [m.modality for m in p.mm] == ["image"] and p.mm[0].offset == -1
+
+
+def test_a_placeholder_made_of_special_tokens_is_located() -> None:
+    """Real multimodal models' placeholders are special tokens (Qwen2-VL's are three): each
+    part's offset and length name exactly them, whatever text is around."""
+    r = Renderer(TINY_TOKENIZER, placeholders={"image": "<|python_tag|><|eom_id|>"})
+    tag, eom = (r.tokenizer.token_to_id(t) for t in ("<|python_tag|>", "<|eom_id|>"))
+    image = {"type": "image_url", "image_url": {"url": "https://198.18.0.1/a.png"}}
+    p = r.request("chat", {"messages": [
+        {"role": "system", "content": "look " * 50},
+        {"role": "user", "content": [{"type": "text", "text": "first"}, image]},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": [image, {"type": "text", "text": "again"}]}]})
+    ids = p.token_ids
+    assert [(m.length, ids[m.offset:m.offset + 2]) for m in p.mm] == [(2, [tag, eom])] * 2
+    assert p.mm[0].hash == p.mm[1].hash and p.mm[0].offset < p.mm[1].offset
