@@ -78,6 +78,7 @@ def working_set(workload: Workload, starts: list[float], seconds_per_token: floa
     for k, (s, at) in enumerate(zip(workload.sessions, starts, strict=False)):
         shared = persona_tokens(s)
         for i, (turn, tokens) in enumerate(zip(s.turns, turn_tokens(s), strict=True)):
+            at += turn.think_s if i else 0.0  # the client's time before it
             events.append((at, k, s.system or "", shared, tokens - shared, i == len(s.turns) - 1))
             at += turn.max_tokens * seconds_per_token
     return live_peak(events)

@@ -190,6 +190,8 @@ async def run_load(workload: Workload, targets: list[str], model: str, rate: flo
             answers: list[str] = []
             hdrs = {session_header: str(session_id_offset + idx)} if session_header else None
             for t, turn in enumerate(s.turns):
+                if t and turn.think_s:
+                    await asyncio.sleep(turn.think_s)  # the client's tools running
                 msgs = messages_for(s, t, answers)
                 sent = len(log.sent)
                 log.sent.append(msgs)

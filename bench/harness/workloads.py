@@ -37,6 +37,8 @@ class Turn:
     parts: tuple[dict[str, object], ...] = ()
     # after the user message: the agent's tool calls and their results, before it answers
     calls: tuple[dict[str, object], ...] = ()
+    # seconds the client takes before sending this turn (its tools running): none for a first
+    think_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -164,15 +166,18 @@ def _agent_turn(rng: random.Random, tools: list[dict[str, object]], tag: str) ->
             "function": {"name": fn["name"], "arguments": json.dumps(args)}}]})  # type: ignore[index]
         calls.append({"role": "tool", "tool_call_id": cid, "content": [
             {"type": "text", "text": text(rng, rng.randint(100, 400))}]})
-    return Turn(ask, rng.randint(64, 192), tuple(parts), tuple(calls))
+    # the tools' time before the turn is sent: quick ones (a file read) or a build, a test run
+    think = rng.uniform(0.5, 3.0) if rng.random() < 0.5 else rng.uniform(10.0, 40.0)
+    return Turn(ask, rng.randint(64, 192), tuple(parts), tuple(calls), think)
 
 
 def agentic(count: int, seed: int = 8) -> Workload:
     """Agent sessions: 6 agent kinds, each with its own ~1,500-token system prompt and 4 tools
     (Zipf(1.1) popularity); 3-8 turns a session, each a user message of content parts (text,
     a pasted log 40% of the time, a screenshot 30%), one or two tool calls with their results
-    (100-400 tokens each), then the agent's answer: the history grows turn by turn. Only the
-    agents' preambles are shared whatever the timing."""
+    (100-400 tokens each), then the agent's answer: the history grows turn by turn. Between
+    turns the tools run: 0.5-3 s half the time, 10-40 s the other half. Only the agents'
+    preambles are shared whatever the timing."""
     rng = random.Random(seed)
     kinds = [(f"[{name}] " + text(rng, 1500), _tools(rng, 4)) for name in _AGENTS]
     pick = _zipf(len(kinds), rng)
