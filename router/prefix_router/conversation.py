@@ -43,10 +43,11 @@ ContentFormat = Literal["string", "openai"]
 _TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text",
                "refusal": "refusal", "thinking": "thinking"}  # fmt: skip
 _SKIP_WITHOUT_TEXT = ("text", "refusal")
-# part type -> modality; the url is read by _media_url
+# part type -> modality; the url (or data) is read by _media_url. Embeddings need an engine
+# started to take them: the router does not refuse what such an engine serves.
 _MEDIA_PARTS = {"image_url": "image", "input_image": "image", "audio_url": "audio",
-                "input_audio": "audio", "video_url": "video"}  # fmt: skip
-_REFUSED_PARTS = ("image_embeds", "audio_embeds", "video_embeds", "prompt_embeds", "image_pil")
+                "input_audio": "audio", "video_url": "video", "image_embeds": "image",
+                "image_pil": "image", "audio_embeds": "audio", "video_embeds": "video"}
 _BILLING_HEADER = "x-anthropic-billing-header"
 
 
@@ -70,10 +71,10 @@ class MediaItem:
 
 
 def _media_url(part: Mapping[str, Any], ptype: str) -> Any:
-    value = part.get(ptype)
-    if ptype == "input_audio":
-        return value
-    if isinstance(value, Mapping):  # {"url": ...}; input_image gives the string itself
+    """What identifies the item: its URL ({"url": ...}; input_image's is the string itself),
+    else its data (input_audio, embeddings)."""
+    value = part.get("image_url" if ptype == "input_image" else ptype)
+    if ptype.endswith("_url") and isinstance(value, Mapping):
         return value.get("url")
     return value
 
@@ -95,9 +96,9 @@ class _Media:
         self._counts: Counter[str] = Counter()
 
     def add(self, modality: str, part: Mapping[str, Any], url: Any) -> str:
-        template = self.placeholders.get(modality)
-        if template is None:
-            raise PromptError(f"this model takes no {modality} input", "messages")
+        # a modality whose placeholder is not known here: vLLM's own marker for it (the key
+        # then differs from the engine's there, but the router routes what the engine takes)
+        template = self.placeholders.get(modality) or f"<##{modality.upper()}##>"
         self._counts[modality] += 1
         # some models number their placeholders (Phi-3-vision's <|image_1|>)
         placeholder = template.replace("{n}", str(self._counts[modality]))
@@ -136,8 +137,6 @@ def _part(part: Any, where: str) -> tuple[str, Any, Mapping[str, Any]]:
         return _MEDIA_PARTS[ptype], _media_url(part, ptype), part
     if ptype == "tool_reference":
         return "tool_reference", part.get("name"), part
-    if ptype in _REFUSED_PARTS:
-        raise PromptError(f"{where}: {ptype} parts need an engine started to take them", "type")
     raise PromptError(f"{where}: unsupported chat content part type: {ptype!r}", "type")
 
 
@@ -186,6 +185,7 @@ def _content(role: str, content: Any, where: str, fmt: ContentFormat, media: _Me
         parts = _strip_billing_header(parts)
     texts: list[str] = []
     placeholders: list[str] = []
+    kinds: list[str] = []
     wrapped: list[dict[str, Any]] = []
     for i, raw in enumerate(parts):
         kind, value, part = _part(raw, f"{where}.content[{i}]")
@@ -199,11 +199,15 @@ def _content(role: str, content: Any, where: str, fmt: ContentFormat, media: _Me
             wrapped.append({"type": "tool_reference", "name": value})
         else:
             placeholders.append(media.add(kind, part, value))
+            kinds.append(kind)
             wrapped.append({"type": kind})
     if fmt == "openai":
         return wrapped
     if placeholders:
-        return _join_string(texts, placeholders)
+        # vLLM keeps them by modality (its placeholder storage), each modality in first-seen order
+        order = {kind: i for i, kind in reversed(list(enumerate(kinds)))}
+        by_kind = sorted(zip(kinds, placeholders, strict=True), key=lambda kp: order[kp[0]])
+        return _join_string(texts, [p for _, p in by_kind])
     return "\n".join(texts)
 
 

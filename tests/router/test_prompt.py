@@ -120,3 +120,15 @@ def test_a_placeholder_made_of_special_tokens_is_located() -> None:
     ids = p.token_ids
     assert [(m.length, ids[m.offset:m.offset + 2]) for m in p.mm] == [(2, [tag, eom])] * 2
     assert p.mm[0].hash == p.mm[1].hash and p.mm[0].offset < p.mm[1].offset
+
+
+def test_media_the_router_has_no_placeholder_for_are_routed_not_refused(renderer) -> None:
+    """An audio or embeddings part: the engine may take it (an audio model, --enable-mm-embeds);
+    the router keys it with vLLM's own marker rather than refuse it."""
+    p = renderer.request("chat", {"messages": [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
+        {"type": "image_embeds", "image_embeds": {"a": "AAAA"}},
+        {"type": "image_embeds", "image_embeds": {"a": "BBBB"}}, "what is it?"]}]})
+    assert p.text is not None and "<##AUDIO##>\n<|image|>\n<|image|>\nwhat is it?" in p.text
+    assert [m.modality for m in p.mm] == ["audio", "image", "image"]
+    assert p.mm[1].hash != p.mm[2].hash  # their data tells them apart
