@@ -111,7 +111,7 @@ class Prompt:
     text: str | None = None
     mm: tuple[MultiModalPart, ...] = ()
     exact: bool = True  # token ids (True) or canonical bytes
-    _next: Callable[[str], Prompt] | None = field(default=None, repr=False)
+    continuation: Callable[[str], Prompt] | None = field(default=None, repr=False)
 
     @property
     def token_ids(self) -> list[int]:
@@ -121,9 +121,9 @@ class Prompt:
 
     def next_turn(self, answer: str) -> Prompt:
         """The prompt this conversation's next turn starts with: this one and the answer."""
-        if self._next is None:
+        if self.continuation is None:
             return self  # token ids given: the answer's ids are not known
-        return self._next(answer)
+        return self.continuation(answer)
 
 
 class Encoder:
@@ -327,7 +327,7 @@ class Renderer:
         def nxt(answer: str) -> Prompt:
             return self.completion(prompt + answer, add_special_tokens)
 
-        return Prompt(token_bytes(ids), prompt, _next=nxt)
+        return Prompt(token_bytes(ids), prompt, continuation=nxt)
 
     def chat(
         self,
@@ -357,7 +357,7 @@ class Renderer:
         if spec.add_special_tokens:
             ids = token_bytes(self._bos) + ids
         mm = self._locate(text, media, len(self._bos) if spec.add_special_tokens else 0)
-        return Prompt(ids, text, mm, _next=lambda answer: self._next_chat(spec, answer))
+        return Prompt(ids, text, mm, continuation=lambda answer: self._next_chat(spec, answer))
 
     def _next_chat(self, spec: Chat, answer: str) -> Prompt:
         msgs = list(spec.messages)

@@ -158,8 +158,8 @@ class Scheduler:
             except PromptError as exc:  # what the engine would answer too
                 raise RequestError(400, str(exc), param=exc.param) from None
         return Prompt(parsed.canonical, exact=False,
-                      _next=lambda answer: Prompt(next_turn_canonical(parsed, answer),
-                                                  exact=False))
+                      continuation=lambda answer: Prompt(next_turn_canonical(parsed, answer),
+                                                         exact=False))
 
     def _key(self, parsed: ParsedRequest, seed: int,
              backends: list[Backend]) -> tuple[Prompt, list[int]]:
