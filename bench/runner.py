@@ -306,7 +306,7 @@ async def measure(sc: Scenario, fleet: Fleet, sims: list[str], run: Run, *, wl: 
         if len(steps) == 1 and log.sent and sc.engine == "sim":  # from empty caches: comparable
             fig["oracle_hit_rate"] = round(oracle_hit_rate(
                 log.sent, sum(capacities(sc, kv)), answers=log.answers,
-                tokenizer=tiny_tokenizer() if sc.kv_events else None), 4)
+                tokenizer=tiny_tokenizer() if sc.kv_events else None, tools=log.tools), 4)
             fig["hit_over_oracle"] = ratio(fig["engine_hit_rate"], fig["oracle_hit_rate"])
             if (measured := capacity.measured_working_set(wl, log.results)) is not None:
                 fig["working_set_measured_tokens"] = measured

@@ -439,6 +439,16 @@ SCENARIOS["cpu-offload"] = Scenario(
            Rule("CPU-tier scoring: TTFT p50 <= GPU-only's", "ttft_p50_ms",
                 {"router": "prefix-events"}, "<=", 1.0, {"router": GPU_ONLY})),
     quick={"seconds": 30.0, "repeats": 1})
+
+# Issue 36: agent sessions, the traffic a router that renders chats differently from the
+# engines misses (bench/results/agentic/)
+SCENARIOS["agentic"] = Scenario(
+    "agentic", "issue 36: agent sessions (tools, tool calls, content parts, images), the three "
+    "index modes", "Agent sessions: tools, tool calls, content parts and images",
+    DRIFT_FLEET.replace("the same requests", "agent sessions (workload `agentic`), the same "
+                        "requests"), "agentic", workloads=("agentic",), setups=MODES,
+    rates=(16.0,), seconds=90.0, kv_events=True, columns=DRIFT_COLUMNS, group_by=(),
+    rules=DRIFT_RULES)
 SCENARIOS["drift"] = Scenario(
     "drift", "issue 22's drift set: every case in the three index modes (bench/results/drift)",
     "Engines that drift: the index fed by decisions, reported cached tokens, or KV events",

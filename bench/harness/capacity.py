@@ -5,7 +5,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from engine_sim.chat import render_chat, render_message
+from engine_sim.chat import GENERATION_PROMPT, render_chat, render_message
 from engine_sim.hf_tokenizer import ChatTokenizer
 from engine_sim.profiles import PROFILES
 from engine_sim.tokenizer import count_tokens
@@ -28,16 +28,20 @@ def turn_tokens(session: Session) -> list[int]:
     answers: list[str] = []
     out = []
     for turn in session.turns:
-        prompt = render_chat(messages_for(session, len(answers), answers)).encode()
+        prompt = render_chat(messages_for(session, len(answers), answers), session.tools).encode()
         out.append(-(-len(prompt) // BYTES_PER_TOKEN) + turn.max_tokens)
         answers.append("x" * (BYTES_PER_TOKEN * turn.max_tokens))
     return out
 
 
 def persona_tokens(session: Session) -> int:
-    """Tokens of the session's system message as the chat template renders it (0 if none)."""
+    """Tokens of the session's system message (and tools) as the chat template renders them
+    (0 if none)."""
     if session.system is None:
         return 0
+    if session.tools:
+        shared = render_chat([{"role": "system", "content": session.system}], session.tools)
+        return (len(shared.encode()) - len(GENERATION_PROMPT)) // BYTES_PER_TOKEN
     message = render_message({"role": "system", "content": session.system})
     return len(message.encode()) // BYTES_PER_TOKEN
 
@@ -74,6 +78,7 @@ def working_set(workload: Workload, starts: list[float], seconds_per_token: floa
     for k, (s, at) in enumerate(zip(workload.sessions, starts, strict=False)):
         shared = persona_tokens(s)
         for i, (turn, tokens) in enumerate(zip(s.turns, turn_tokens(s), strict=True)):
+            at += turn.think_s if i else 0.0  # the client's time before it
             events.append((at, k, s.system or "", shared, tokens - shared, i == len(s.turns) - 1))
             at += turn.max_tokens * seconds_per_token
     return live_peak(events)
@@ -94,9 +99,9 @@ def run_working_set(wl: Workload, rate: float, seconds: float, profile: str = PR
 def token_ratio(wl: Workload, tokenizer: ChatTokenizer, sample: int = 64) -> float:
     """Token ids `tokenizer` makes of the first templated prompts per 4-byte token: simulators in
     tokenizer mode get their capacity times this, to hold the same share of the working set."""
-    msgs = [messages_for(s, 0, []) for s in wl.sessions[:sample]]
-    ids = sum(len(tokenizer.chat_ids(m)) for m in msgs)
-    return ids / max(1, sum(count_tokens(render_chat(m).encode()) for m in msgs))
+    msgs = [(messages_for(s, 0, []), s.tools) for s in wl.sessions[:sample]]
+    ids = sum(len(tokenizer.chat_ids(m, tools)) for m, tools in msgs)
+    return ids / max(1, sum(count_tokens(render_chat(m, tools).encode()) for m, tools in msgs))
 
 
 def kv_capacity(wl: Workload, working_set_tokens: int, block_size: int = 16) -> int:

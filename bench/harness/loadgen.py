@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 import msgspec
@@ -32,7 +33,8 @@ class Result:
 @dataclass
 class RunLog:
     results: list[Result] = field(default_factory=list)
-    sent: list[list[dict[str, str]]] = field(default_factory=list)  # messages, in send order
+    sent: list[list[dict[str, Any]]] = field(default_factory=list)  # messages, in send order
+    tools: list[list[dict[str, Any]] | None] = field(default_factory=list)  # of each sent
     answers: list[str] = field(default_factory=list)  # of each sent, "" where none came whole
     planned: int = 0  # turns of the sessions started (a conversation stops at a failed turn)
     started: float = 0.0
@@ -124,13 +126,15 @@ def _read_events(raw: bytes, api: str) -> tuple[bool, str, _Usage | None, str]:
     return False, "".join(parts), usage, error
 
 
-async def _one(http: aiohttp.ClientSession, url: str, model: str, msgs: list[dict[str, str]],
+async def _one(http: aiohttp.ClientSession, url: str, model: str, msgs: list[dict[str, Any]],
                max_tokens: int, timeout: float, headers: dict[str, str] | None,
-               api: str) -> tuple[Result, str]:
+               api: str, tools: list[dict[str, Any]] | None = None) -> tuple[Result, str]:
     body: dict[str, object] = {"model": model, "max_tokens": max_tokens, "stream": True,
                                "stream_options": {"include_usage": True}, "temperature": 0}
     if api == "chat":
         body["messages"] = msgs
+        if tools is not None:
+            body["tools"] = tools
     else:  # the prompt the simulator's chat template makes: the engine sees the same bytes
         body["prompt"] = render_chat(msgs)
     path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
@@ -186,12 +190,15 @@ async def run_load(workload: Workload, targets: list[str], model: str, rate: flo
             answers: list[str] = []
             hdrs = {session_header: str(session_id_offset + idx)} if session_header else None
             for t, turn in enumerate(s.turns):
+                if t and turn.think_s:
+                    await asyncio.sleep(turn.think_s)  # the client's tools running
                 msgs = messages_for(s, t, answers)
                 sent = len(log.sent)
                 log.sent.append(msgs)
+                log.tools.append(s.tools)
                 log.answers.append("")
                 res, answer = await _one(http, next(next_target), model, msgs, turn.max_tokens,
-                                         request_timeout, hdrs, api)
+                                         request_timeout, hdrs, api, s.tools)
                 res.session, res.turn = idx, t
                 log.results.append(res)
                 if not res.ok:

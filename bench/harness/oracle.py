@@ -1,6 +1,7 @@
 """The oracle hit rate: what a perfect router could get if the fleet's memory were one pool."""
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from engine_sim.chat import render_chat
 from engine_sim.hf_tokenizer import ChatTokenizer
@@ -8,20 +9,23 @@ from engine_sim.kvcache import PrefixCache
 from engine_sim.tokenizer import count_tokens, token_ids_to_bytes
 
 
-def oracle_hit_rate(sent: Iterable[list[dict[str, str]]], capacity_tokens: int,
+def oracle_hit_rate(sent: Iterable[list[dict[str, Any]]], capacity_tokens: int,
                     block_size: int = 16, answers: Sequence[str] = (),
-                    tokenizer: ChatTokenizer | None = None) -> float:
+                    tokenizer: ChatTokenizer | None = None,
+                    tools: Sequence[list[dict[str, Any]] | None] = ()) -> float:
     """Cached / prompt tokens of `sent` through one LRU cache of `capacity_tokens`, which also
     caches each answer (`answers[i]`, "" for none) as the simulators do. With `tokenizer`: the
-    engines' token ids, the answer less its last token (sampled, never fed back)."""
+    engines' token ids, the answer less its last token (sampled, never fed back). `tools[i]`:
+    the tools request i was sent with."""
     cache = PrefixCache(capacity_tokens, block_size)
     prompt = cached = 0
     for i, msgs in enumerate(sent):
         text = answers[i] if i < len(answers) else ""
+        given = tools[i] if i < len(tools) else None
         if tokenizer is None:
-            seq, answer = render_chat(msgs, None).encode(), text.encode()
+            seq, answer = render_chat(msgs, given).encode(), text.encode()
         else:  # 4 bytes a token id: the byte cache then keys blocks of ids
-            seq = token_ids_to_bytes(tokenizer.chat_ids(msgs))
+            seq = token_ids_to_bytes(tokenizer.chat_ids(msgs, given))
             answer = token_ids_to_bytes(tokenizer.encode(text)[:-1])
         prompt += count_tokens(seq)
         cached += cache.access(seq, answer)

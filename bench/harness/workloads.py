@@ -4,6 +4,7 @@ seeded pseudo-words, so every run sends the same bytes; sizes are in 4-byte toke
 import base64
 import bisect
 import itertools
+import json
 import math
 import random
 from collections.abc import Callable
@@ -33,6 +34,12 @@ def text(rng: random.Random, tokens: int) -> str:
 class Turn:
     user: str | list[dict[str, Any]]  # text, or chat content parts (an image and a question)
     max_tokens: int
+    # the user message as content parts (then `user` is only its first text)
+    parts: tuple[dict[str, object], ...] = ()
+    # after the user message: the agent's tool calls and their results, before it answers
+    calls: tuple[dict[str, object], ...] = ()
+    # seconds the client takes before sending this turn (its tools running): none for a first
+    think_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -40,6 +47,7 @@ class Session:
     system: str | None
     turns: list[Turn]  # each carries the whole history (the load generator adds the answers)
     group: str = ""  # the distinct prefix it belongs to
+    tools: list[dict[str, object]] | None = None  # sent with every turn
 
 
 @dataclass(slots=True)
@@ -152,6 +160,65 @@ def multimodal(count: int, seed: int = 8) -> Workload:
     return Workload("multimodal", sessions, 8 * 500 + 200 * 750)
 
 
+_AGENTS = ("coding agent", "support agent", "data analyst", "browser agent", "sre on call",
+           "travel planner")
+_TOOL_VERBS = ("read", "search", "run", "open", "list", "query", "write", "fetch")
+_TOOL_NOUNS = ("file", "tests", "logs", "ticket", "page", "table", "calendar", "metrics")
+
+
+def _tools(rng: random.Random, count: int) -> list[dict[str, object]]:
+    names = rng.sample([f"{v}_{n}" for v in _TOOL_VERBS for n in _TOOL_NOUNS], count)
+    return [{"type": "function", "function": {
+        "name": name, "description": text(rng, rng.randint(15, 40)),
+        "parameters": {"type": "object", "properties": {
+            arg: {"type": "string", "description": text(rng, rng.randint(5, 15))}
+            for arg in ("target", "query")[:rng.randint(1, 2)]}, "required": ["target"]}}}
+        for name in names]  # fmt: skip
+
+
+def _agent_turn(rng: random.Random, tools: list[dict[str, object]], tag: str) -> Turn:
+    """A user message of content parts (a pasted log now and then, a screenshot now and then),
+    one or two tool calls with JSON-string arguments, their results as content parts."""
+    ask = text(rng, rng.randint(30, 120))
+    parts: list[dict[str, object]] = [{"type": "text", "text": ask}]
+    if rng.random() < 0.4:
+        parts.append({"type": "text", "text": text(rng, rng.randint(50, 200))})
+    if rng.random() < 0.3:
+        parts.append({"type": "image_url",
+                      "image_url": {"url": f"https://198.18.0.1/screens/{tag}.png"}})
+    calls: list[dict[str, object]] = []
+    for j in range(rng.randint(1, 2)):
+        fn = rng.choice(tools)["function"]
+        cid = f"call_{tag}_{j}"
+        args = {"target": text(rng, rng.randint(3, 10)), "query": text(rng, rng.randint(3, 12))}
+        calls.append({"role": "assistant", "content": None, "tool_calls": [{
+            "id": cid, "type": "function",
+            "function": {"name": fn["name"], "arguments": json.dumps(args)}}]})  # type: ignore[index]
+        calls.append({"role": "tool", "tool_call_id": cid, "content": [
+            {"type": "text", "text": text(rng, rng.randint(100, 400))}]})
+    # the tools' time before the turn is sent: quick ones (a file read) or a build, a test run
+    think = rng.uniform(0.5, 3.0) if rng.random() < 0.5 else rng.uniform(10.0, 40.0)
+    return Turn(ask, rng.randint(64, 192), tuple(parts), tuple(calls), think)
+
+
+def agentic(count: int, seed: int = 8) -> Workload:
+    """Agent sessions: 6 agent kinds, each with its own ~1,500-token system prompt and 4 tools
+    (Zipf(1.1) popularity); 3-8 turns a session, each a user message of content parts (text,
+    a pasted log 40% of the time, a screenshot 30%), one or two tool calls with their results
+    (100-400 tokens each), then the agent's answer: the history grows turn by turn. Between
+    turns the tools run: 0.5-3 s half the time, 10-40 s the other half. Only the agents'
+    preambles are shared whatever the timing."""
+    rng = random.Random(seed)
+    kinds = [(f"[{name}] " + text(rng, 1500), _tools(rng, 4)) for name in _AGENTS]
+    pick = _zipf(len(kinds), rng)
+    sessions = []
+    for k in range(max(1, math.ceil(count / 5.5))):  # 5.5 turns a session on average
+        system, tools = kinds[pick()]
+        turns = [_agent_turn(rng, tools, f"{k}-{t}") for t in range(rng.randint(3, 8))]
+        sessions.append(Session(system, turns, f"agent{k}", tools))
+    return Workload("agentic", sessions, len(kinds) * 1800)
+
+
 @dataclass(frozen=True)
 class Spec:
     make: Callable[..., Workload]
@@ -168,6 +235,8 @@ WORKLOADS: dict[str, Spec] = {
     "multi-turn": Spec(multi_turn, None),
     "hotspot": Spec(hotspot, 24_000),
     "unique": Spec(unique, 32_000),
+    # agent sessions: tools, tool calls and results, content parts and images (bench agentic)
+    "agentic": Spec(agentic, None, compared=False),
     # customers as llm-d ran it, in the tiny tokenizer's tokens (engines in tokenizer mode see
     # its 6,000-token contexts, 1,200-token queries, 307,328 tokens of KV an instance exactly)
     "llm-d": Spec(partial(customers, context=round(6000 / TINY_IDS_PER_TOKEN),
@@ -189,11 +258,17 @@ def build(name: str, count: int, seed: int | None = None) -> Workload:
 
 def messages_for(session: Session, turn: int, answers: list[str]) -> list[dict[str, Any]]:
     """The chat messages of turn `turn`, given the answers to the earlier turns."""
-    msgs = [{"role": "system", "content": session.system}] if session.system is not None else []
+    msgs: list[dict[str, Any]] = (
+        [{"role": "system", "content": session.system}] if session.system is not None else [])
     for t, answer in zip(session.turns[:turn], answers, strict=False):
-        msgs += [{"role": "user", "content": t.user}, {"role": "assistant", "content": answer}]
-    msgs.append({"role": "user", "content": session.turns[turn].user})
+        msgs += [_user(t), *t.calls, {"role": "assistant", "content": answer}]
+    now = session.turns[turn]
+    msgs += [_user(now), *now.calls]
     return msgs
+
+
+def _user(t: Turn) -> dict[str, Any]:
+    return {"role": "user", "content": list(t.parts) if t.parts else t.user}
 
 
 def session_starts(workload: Workload, rate: float, seconds: float, seed: int = 7,

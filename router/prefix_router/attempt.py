@@ -195,7 +195,7 @@ class Attempt:
         if usage is not None:
             self.learn(*usage)
         if answer and self.confirmed and r.hashes:
-            nxt = led.keyer.next_turn(r.parsed, r.key, answer)
+            nxt = led.keyer.next_turn(r.key, answer)
             if len(nxt) > len(r.hashes):
                 # the prompt's blocks were owned at its first token: the answer's are new
                 led.index.own(r.parsed.model, nxt, backend, known=len(r.hashes))
@@ -206,7 +206,8 @@ class Attempt:
         really held against what the index predicted."""
         led, r, backend = self.ledger, self.route, self.backend
         sizing = led.keyer.sizing
-        sizing.learn(len(r.parsed.canonical), prompt)
+        size = len(r.key.prompt.canonical) if r.key.prompt is not None else len(r.parsed.canonical)
+        sizing.learn(size, prompt)
         if cached is None and led.settings.cached_tokens_reported:
             cached = 0
         if cached is None:

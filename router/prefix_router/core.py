@@ -149,14 +149,14 @@ def build_core(
     if store is None:
         store = make_store(s, load)
     metrics = RouterMetrics()
-    tokenizer = None
+    renderer = None
     if s.tokenizer:
-        from .tokens import ChatTokenizer  # tokenizers, jinja2: only where configured
+        from .prompt import Renderer  # tokenizers, jinja2: only where configured
 
-        tokenizer = ChatTokenizer(s.tokenizer)
-    sizing = Sizing(s.block_size, s.block_bytes, s.bytes_per_token, exact=tokenizer is not None)
+        renderer = Renderer(s.tokenizer)
+    sizing = Sizing(s.block_size, s.block_bytes, s.bytes_per_token, exact=renderer is not None)
     offload = Offload()
-    keyer = Keyer(sizing, offload, s.max_prompt_tokens, tokenizer)
+    keyer = Keyer(sizing, offload, s.max_prompt_tokens, renderer)
     index = build_index(Parts(s, store, backends, metrics, sizing, clock))
     states = EngineStates(index, RestartDetector(clock),
                           lambda: [b.url for b in backends.all()], metrics.count_drop)

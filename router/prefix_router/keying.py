@@ -1,8 +1,9 @@
 """From a parsed request to its prefix key: the chain of block hashes the index is asked for.
 
-With the model's tokenizer (tokens.py) a block is the engine's own block of token ids, chat
-template applied; without it, a block of the canonical prompt's bytes (sizing.py). A prompt
-longer than the engines take is refused here, before any work on the index.
+With the model's tokenizer a block is the engine's own block of token ids, its prompt built
+as vLLM builds it (prompt.py, conversation.py); without it, a block of the canonical prompt's
+bytes (sizing.py). A prompt longer than the engines take is refused here, before any work on
+the index.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from .errors import RequestError
 from .offload import Offload
 from .parsing import ParsedRequest, next_turn_canonical
 from .prefix import block_hashes, chain_seed, extend_hashes
+from .prompt import Prompt, PromptError
 from .sizing import Sizing
 
 if TYPE_CHECKING:
-    from .tokens import ChatTokenizer
+    from .prompt import Renderer
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,23 +29,24 @@ class Key:
     seed: int  # the chain's seed: model and cache salt
     hashes: list[int]  # chained block hashes of the prompt
     prompt_tokens: float  # engine tokens of the prompt (estimated with byte blocks)
+    prompt: Prompt | None = None  # what the engine runs (None: a pinned request, unkeyed)
 
 
 class Keyer:
     def __init__(
         self, sizing: Sizing, offload: Offload, max_prompt_tokens: int,
-        tokenizer: ChatTokenizer | None = None,
+        renderer: Renderer | None = None,
     ) -> None:
         self.sizing = sizing
         self.offload = offload
         self._max_prompt_tokens = max_prompt_tokens
-        self._tokenizer = tokenizer
+        self._renderer = renderer
 
     @property
     def renders(self) -> bool:
         """Whether prompts are rendered here (with the tokenizer): a parsed chat must then
         keep its messages in this process."""
-        return self._tokenizer is not None
+        return self._renderer is not None
 
     async def key(self, parsed: ParsedRequest, backends: Sequence[Backend]) -> Key:
         """The prompt's key, once it is known to fit the engines serving it. Pure CPU: large
@@ -51,15 +54,26 @@ class Keyer:
         seed = chain_seed(parsed.model, parsed.cache_salt)
         return await self.offload.run(len(parsed.canonical), self._key, parsed, seed, backends)
 
+    def prompt(self, parsed: ParsedRequest) -> Prompt:
+        """The prompt the engine will run: rendered and tokenized as vLLM does (prompt.py)
+        with a tokenizer, else the request's canonical bytes."""
+        if self._renderer is not None:
+            try:
+                return self._renderer.request(parsed.kind, parsed.body)
+            except PromptError as exc:  # what the engine would answer too
+                raise RequestError(400, str(exc), param=exc.param) from None
+        return Prompt(parsed.canonical, exact=False,
+                      continuation=lambda answer: Prompt(next_turn_canonical(parsed, answer),
+                                                         exact=False))  # fmt: skip
+
     def _key(self, parsed: ParsedRequest, seed: int, backends: Sequence[Backend]) -> Key:
-        if self._tokenizer is not None:
-            self._tokenizer.tokenize(parsed)
+        prompt = self.prompt(parsed)
         limit = min(
             (b.max_model_len for b in backends if b.max_model_len),
             default=self._max_prompt_tokens,
         )
         sizing = self.sizing
-        tokens = sizing.prompt_tokens(len(parsed.canonical))
+        tokens = sizing.prompt_tokens(len(prompt.canonical))
         # with byte blocks the count is an estimate: only what is far over is refused here
         if tokens > limit * (1.0 if sizing.exact else 2.0):
             what = "tokens" if sizing.exact else "tokens, estimated"
@@ -70,12 +84,12 @@ class Keyer:
                 param="messages" if parsed.kind == "chat" else "prompt",
                 code="context_length_exceeded",
             )
-        return Key(seed, block_hashes(parsed.canonical, sizing.block_bytes, seed), tokens)
+        hashes = block_hashes(prompt.canonical, sizing.block_bytes, seed)
+        return Key(seed, hashes, tokens, prompt)
 
-    def next_turn(self, parsed: ParsedRequest, key: Key, answer: str) -> list[int]:
+    def next_turn(self, key: Key, answer: str) -> list[int]:
         """The chain the conversation's next turn starts with: the prompt, then the answer."""
-        if self._tokenizer is not None:
-            canonical = self._tokenizer.next_turn_bytes(parsed, answer)
-        else:
-            canonical = next_turn_canonical(parsed, answer)
+        if key.prompt is None:
+            return key.hashes
+        canonical = key.prompt.next_turn(answer).canonical
         return extend_hashes(key.hashes, canonical, self.sizing.block_bytes, key.seed)

@@ -17,6 +17,8 @@ import xxhash
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from prefix_router.conversation import PromptError
+
 from .chat import render_chat
 from .engine import Engine, Request
 from .metrics import EngineMetrics
@@ -136,24 +138,14 @@ def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
 
 
 def _prompt_ids(body: dict[str, Any], chat: bool, tok: ChatTokenizer) -> list[int]:
-    """The prompt's token ids as vLLM makes them: a chat rendered with the chat template
-    (generation prompt on) and encoded without added special tokens (the template writes
-    the BOS), a text prompt encoded with them."""
+    """The prompt's token ids as vLLM makes them: a chat through the prompt module shared with
+    the router (prefix_router.prompt), a text prompt encoded with special tokens."""
     if chat:
-        messages, tools = _chat_args(body)
-        kwargs = body.get("chat_template_kwargs")
-        if kwargs is not None and not isinstance(kwargs, dict):
-            raise BadRequest("chat_template_kwargs must be an object", param="chat_template_kwargs")
+        _chat_args(body)
         try:
-            text = tok.render_chat(
-                messages,
-                tools,
-                add_generation_prompt=_flag(body, "add_generation_prompt", True),
-                template_kwargs=kwargs,
-            )
-        except (ValueError, TypeError) as e:
-            raise BadRequest(str(e), param="messages") from None
-        return tok.encode(text, _flag(body, "add_special_tokens", False))
+            return tok.prompt("chat", body).token_ids
+        except PromptError as e:
+            raise BadRequest(str(e), param=e.param) from None
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]

@@ -48,3 +48,32 @@ async def test_turns_after_a_failed_turn_are_planned_but_never_sent() -> None:
     assert all(not r.ok and r.turn == 0 for r in log.results)
     assert log.answers == [""] * started
     assert log.planned == sum(len(s.turns) for s in wl.sessions[:started]) > len(log.sent)
+
+
+async def test_an_agent_turn_waits_for_its_tools_and_carries_them() -> None:
+    """The agentic workload's turns: sent with the session's tools, each after its tools' time,
+    and the oracle renders them with those tools, as the engine did."""
+    from dataclasses import replace
+
+    from engine_sim.hf_tokenizer import TINY_TOKENIZER, ChatTokenizer
+    from engine_sim.kvcache import TokenBlockHasher
+    from engine_sim.sequences import TokenSequences
+
+    tok = ChatTokenizer(TINY_TOKENIZER)
+    engine = Engine(PROFILES["zero"], 1_000_000, 16,
+                    sequences=TokenSequences(tok, TokenBlockHasher(16)), preemption="recompute")
+    app = build_app(model="m", served=["m"], engine=engine, max_model_len=100_000,
+                    replica_id="r0", tokenizer=tok, enable_prompt_tokens_details=True)
+    session = build("agentic", 12).sessions[0]
+    session.turns = [replace(t, think_s=0.3 * i) for i, t in enumerate(session.turns[:3])]
+    async with TestServer(app) as server:
+        url = str(server.make_url("")).rstrip("/")
+        log = await run_load(Workload("agentic", [session], 0), [url], "m", 1000.0, 1.0,
+                             progress=False)
+    assert [r.ok for r in log.results] == [True] * 3 and log.tools == [session.tools] * 3
+    for i in (1, 2):  # sent no sooner than its tools' time after the turn before ended
+        before = log.results[i - 1]
+        assert log.results[i].sent_at >= before.sent_at + before.e2e + 0.3 * i
+    c = engine.counters
+    assert oracle_hit_rate(log.sent, 1_000_000, answers=log.answers, tokenizer=tok,
+                           tools=log.tools) == c.cached_tokens / c.prompt_tokens
