@@ -3,11 +3,15 @@ these sessions ran on (Intel Xeon, AMD EPYC) and on a busy host, so every result
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
+import shlex
 import subprocess
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,3 +45,16 @@ def stamp(command: str) -> dict[str, Any]:
     dirty = bool(git("status", "--porcelain", "--", *CODE))
     return {"command": command, "machine": machine(), "commit": commit, "dirty": dirty,
             "version": commit + (" (modified)" if dirty else "")}
+
+
+def publish(module: str, argv: list[str] | None, figures: Callable[[], dict[str, Any]],
+            path: Path | None) -> dict[str, Any]:
+    """A script's result: the command that re-runs it and its provenance, then `figures()`
+    (the run), printed and written to `path` when given."""
+    command = f"python -m {module} " + shlex.join(sys.argv[1:] if argv is None else argv)
+    result = {**stamp(command), "date_utc": now_utc(), **figures()}
+    print(json.dumps(result, indent=1))
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1) + "\n")
+    return result

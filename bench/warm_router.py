@@ -19,10 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
-import shlex
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -37,7 +34,7 @@ from .harness.fleet import Fleet, Proc
 from .harness.loadgen import run_load
 from .harness.promtext import sample_sum
 from .harness.workloads import Workload, build
-from .provenance import now_utc, stamp
+from .provenance import publish
 from .runner import MODEL, TOKEN_SIM_ARGS, tiny_tokenizer
 
 PROFILE = "llama-3.1-70b-h100"
@@ -121,12 +118,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="the fleet's KV capacity over the workload's working set")
     p.add_argument("--json", type=Path, help="write the result here")
     a = p.parse_args(argv)
-    command = "python -m bench.warm_router " + shlex.join(sys.argv[1:] if argv is None else argv)
-    result = {**stamp(command), "date_utc": now_utc(), **asyncio.run(run(a))}
-    print(json.dumps(result, indent=1))
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(result, indent=1) + "\n")
+    publish("bench.warm_router", argv, lambda: asyncio.run(run(a)), a.json)
 
 
 if __name__ == "__main__":
