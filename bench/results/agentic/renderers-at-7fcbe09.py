@@ -2,8 +2,8 @@
 router's tokens.py and the simulator's hf_tokenizer.py. Run with a worktree of 7fcbe09 first on
 the path, the fixtures folder as argument:
 
-    git worktree add /tmp/g-prompt-before 7fcbe09
-    B=/tmp/g-prompt-before PYTHONPATH=$B/router:$B/sim:$B .venv/bin/python \\
+    git worktree add ../ab-7fcbe09 7fcbe09
+    B=../ab-7fcbe09 PYTHONPATH=$B/router:$B/sim:$B .venv/bin/python \\
         bench/results/agentic/renderers-at-7fcbe09.py tests/fixtures/vllm-prompts
 """
 
