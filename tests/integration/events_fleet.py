@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import aiohttp
@@ -33,11 +33,11 @@ def filler(i: int) -> dict[str, Any]:
             "messages": [{"role": "user", "content": f"filler text number {i} " * 70}]}
 
 
-async def events_router(
-    fleet: Fleet, kv_capacity: int, sim_args: list[str], events: dict[str, Any]
-) -> AsyncIterator[dict[str, Any]]:
-    """Yields {"sims", "router", "session"}; `events`: the router's `events` settings beside
-    the endpoints."""
+async def publishing_sims(
+    fleet: Fleet, kv_capacity: int, sim_args: Sequence[str] = ()
+) -> tuple[list[str], dict[str, str]]:
+    """Two simulators in tokenizer mode publishing KV events: their URLs, and each one's
+    event and replay endpoints as the router's `events.endpoints` takes them."""
     sims, ends = [], {}
     for i in range(2):
         pub, replay = free_port(), free_port()
@@ -50,6 +50,15 @@ async def events_router(
         )  # fmt: skip
         sims.append(p.url)
         ends[p.url] = f"tcp://127.0.0.1:{pub},tcp://127.0.0.1:{replay}"
+    return sims, ends
+
+
+async def events_router(
+    fleet: Fleet, kv_capacity: int, sim_args: list[str], events: dict[str, Any]
+) -> AsyncIterator[dict[str, Any]]:
+    """Yields {"sims", "router", "session"}; `events`: the router's `events` settings beside
+    the endpoints."""
+    sims, ends = await publishing_sims(fleet, kv_capacity, sim_args)
     s = RouterSettings.model_validate({
         "discovery": {"backends": sims}, "models": [MODEL], "port": 0, "index": "events",
         "metrics_port": None,  # /metrics on the API port: the tests read it there
