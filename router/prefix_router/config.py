@@ -179,6 +179,11 @@ class QueueSettings(_Strict):
     # waiting queue was not empty (its /metrics gauges), or `max_in_flight` when set.
     max_waiting: int = Field(default=4, ge=0)
     max_in_flight: int = Field(default=0, ge=0)  # 0: learned from the engine's gauges
+    # Engine slots kept free while the fleet is saturated and a tenant under its fair share
+    # (or a band above one waiting) is active: a tenant over its share is released only
+    # beyond them, so the under-share one's next request starts at once instead of waiting
+    # for a slot to free. Each costs up to a slot's throughput (bench/results/tenants).
+    reserve: int = Field(default=0, ge=0)
     # Bounds of what waits: beyond either a request is refused (429) at once.
     max_requests: int = Field(default=10_000, ge=1)
     max_bytes: int = Field(default=256 * 2**20, ge=1024)

@@ -8,7 +8,9 @@ is bound to an engine only when one has room (late binding: scored where its pre
   pump()       on every release of load (an attempt's first byte and its end), on an engine's
                scrape and on each arrival: while the next ticket's engines have room, it is
                released. The next ticket: the highest band waiting, in it the smallest start
-               tag (fairness.py).
+               tag (fairness.py). With a `reserve`, the last free slots are kept while a
+               band above the next ticket's is active, or a tenant under its share
+               (shares.py): its next request finds a slot at once, not after one frees.
   Pass.bound() the released request is routed, its Attempt starts in the same step: until
                then it counts as `launching`, so one release of load lets one request
                through, not all of them.
@@ -36,6 +38,7 @@ from ..errors import RequestError
 from .bands import Class, Classifier
 from .fairness import Entry, FairQueue
 from .saturation import Saturation
+from .shares import Shares
 
 # Counted in metrics as (decision, reason): queued/released/refused and why.
 Report = Callable[[str, str, int], None]
@@ -91,6 +94,9 @@ class DispatchQueue:
         self._bands = [_Band() for _ in settings.bands]
         self._budgets = [b.budget_s for b in settings.bands]
         self._sheddable = [b.sheddable for b in settings.bands]
+        self._reserve = settings.reserve
+        self.shares = Shares()
+        self._band_seen = [-math.inf] * len(settings.bands)  # each band's last arrival
         self.queued = 0
         self.bytes = 0
         self.launching = 0  # released (or passed), not yet bound to an engine
@@ -106,7 +112,11 @@ class DispatchQueue:
     def room(self, candidates: Sequence[str]) -> bool:
         if not self._s.enabled:
             return True
-        return self.saturation.room(candidates, self._inflight) > self.launching
+        return self.free(candidates) > 0
+
+    def free(self, candidates: Sequence[str]) -> int:
+        """Requests the engines could take now, those released but not yet bound counted."""
+        return self.saturation.room(candidates, self._inflight) - self.launching
 
     def with_room(self, backends: Sequence[Backend]) -> Sequence[Backend]:
         """Of `backends`, those not saturated (all of them when none has room: a release
@@ -144,6 +154,8 @@ class DispatchQueue:
             self._report("refused", "full_bytes", cls.band)
             raise self._too_many("the router's queue is full")
         now = self._clock()
+        self.shares.seen(cls.tenant, cls.weight, now)
+        self._band_seen[cls.band] = now
         loop = asyncio.get_running_loop()
         t = Ticket(cls, size, now, now + self._budgets[cls.band], candidates, loop.create_future())
         self._push(t)
@@ -176,15 +188,26 @@ class DispatchQueue:
             if t is None:
                 return
             try:
-                if not self.room(t.candidates()):
+                free = self.free(t.candidates())
+                if free <= 0 or (free <= self._reserve and not self._may_take_reserve(t)):
                     return
             except RequestError:
                 pass  # no engine at all: released, its routing says why
             self._take(t)
             self.launching += 1
             self._count_release()
+            self.shares.served(t.cls.tenant, t.cls.cost, t.cls.weight, self._clock())
             self._report("released", "room", t.cls.band)
             t.future.set_result(None)
+
+    def _may_take_reserve(self, t: Ticket) -> bool:
+        """Not while a band above the ticket's is active (it arrived within the shares'
+        activity window), nor while its tenant is over its share of an active fleet."""
+        now = self._clock()
+        active = now - 2 * self.shares.window_s
+        if any(seen >= active for seen in self._band_seen[:t.cls.band]):
+            return False
+        return not self.shares.over(t.cls.tenant, now)
 
     def _next(self) -> Ticket | None:
         for band in self._bands:
