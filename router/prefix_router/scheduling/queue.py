@@ -11,6 +11,8 @@ is bound to an engine only when one has room (late binding: scored where its pre
                tag (fairness.py). With a `reserve`, the last free slots are kept while a
                band above the next ticket's is active, or a tenant under its share
                (shares.py): its next request finds a slot at once, not after one frees.
+               A ticket whose prefix engines hold waits for one of them to have room, up
+               to `owner_wait_s`; the tickets behind it go meanwhile where they can run.
   Pass.bound() the released request is routed, its Attempt starts in the same step: until
                then it counts as `launching`, so one release of load lets one request
                through, not all of them.
@@ -28,7 +30,7 @@ import asyncio
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +56,9 @@ class Ticket:
     future: asyncio.Future[None]
     entry: Entry[Ticket] | None = None
     queued: bool = True
+    # the engines holding its longest prefix, which it waits for until `owners_until`
+    owners: Sequence[str] = ()
+    owners_until: float = 0.0
 
 
 @dataclass(slots=True)
@@ -135,8 +140,10 @@ class DispatchQueue:
         body: Mapping[str, Any],
         size: int,
         now: Sequence[str] | None = None,
+        owners: Callable[[], Awaitable[Sequence[str]]] | None = None,
     ) -> Pass:
-        """`now`: the candidates as the caller has just found them (else `candidates()`)."""
+        """`now`: the candidates as the caller has just found them (else `candidates()`);
+        `owners`: the engines holding the request's longest prefix, asked only if it waits."""
         if not self.queued and self.room(candidates() if now is None else now):
             self.launching += 1
             return Pass(self)
@@ -153,12 +160,18 @@ class DispatchQueue:
         if self.bytes + size > self._s.max_bytes:
             self._report("refused", "full_bytes", cls.band)
             raise self._too_many("the router's queue is full")
+        held: Sequence[str] = ()
+        if owners is not None and self._s.owner_wait_s > 0:
+            held = await owners()
         now = self._clock()
         self.shares.seen(cls.tenant, cls.weight, now)
         self._band_seen[cls.band] = now
         loop = asyncio.get_running_loop()
-        t = Ticket(cls, size, now, now + self._budgets[cls.band], candidates, loop.create_future())
+        t = Ticket(cls, size, now, now + self._budgets[cls.band], candidates, loop.create_future(),
+                   owners=held, owners_until=now + self._s.owner_wait_s)  # fmt: skip
         self._push(t)
+        if held:  # its wait for them ends even if no load is released meanwhile
+            loop.call_later(self._s.owner_wait_s, self.pump)
         self._report("queued", "saturated", cls.band)
         self.pump()
         try:
@@ -187,12 +200,6 @@ class DispatchQueue:
             t = self._next()
             if t is None:
                 return
-            try:
-                free = self.free(t.candidates())
-                if free <= 0 or (free <= self._reserve and not self._may_take_reserve(t)):
-                    return
-            except RequestError:
-                pass  # no engine at all: released, its routing says why
             self._take(t)
             self.launching += 1
             self._count_release()
@@ -210,10 +217,38 @@ class DispatchQueue:
         return not self.shares.over(t.cls.tenant, now)
 
     def _next(self) -> Ticket | None:
+        """The ticket to release now, if any: the highest band's next (a lower band never
+        passes a band above it). A head that waits for the engines holding its prefix lets
+        the next ones in its band go where they can run meanwhile."""
+        now = self._clock()
         for band in self._bands:
             e = band.fair.peek()
-            if e is not None:
-                return e.item
+            if e is None:
+                continue
+            head = e.item
+            go = self._releasable(head, now)
+            if go is None:
+                return head
+            if go and head.owners:  # only its owners are full: look past it
+                for later in band.fair.first(_LOOKAHEAD)[1:]:
+                    if self._releasable(later.item, now) is None:
+                        return later.item
+            return None
+        return None
+
+    def _releasable(self, t: Ticket, now: float) -> bool | None:
+        """None: `t` may go now; True: the fleet has room, not the engines it waits for;
+        False: no room for it."""
+        try:
+            free = self.free(t.candidates())
+        except RequestError:
+            return None  # no engine at all: released, its routing says why
+        if free <= 0 or (free <= self._reserve and not self._may_take_reserve(t)):
+            return False
+        if t.owners and now < t.owners_until:
+            alive = [b for b in t.owners if b in t.candidates()]
+            if alive and self.free(alive) <= 0:
+                return True
         return None
 
     # ------------------------------------------------------------------ deadlines, drain
@@ -298,8 +333,8 @@ class DispatchQueue:
 
     def _take(self, t: Ticket) -> None:
         band = self._bands[t.cls.band]
-        popped = band.fair.pop()
-        assert popped is t
+        assert t.entry is not None
+        band.fair.take(t.entry)
         self._left(t)
         # the arrivals deque keeps it until the sweep passes (a flag, no O(n) removal), but
         # a band whose head is gone is trimmed here so the oldest wait stays cheap
@@ -330,3 +365,5 @@ class DispatchQueue:
 
 
 _RATE_WINDOW_S = 5.0
+# Tickets looked at past a head that waits for its prefix's engines (per pump).
+_LOOKAHEAD = 32

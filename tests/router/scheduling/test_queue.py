@@ -335,3 +335,59 @@ async def test_the_reserve_keeps_a_slot_for_an_active_higher_band() -> None:
     for t in std:
         t.cancel()
     await asyncio.gather(*std, return_exceptions=True)
+
+
+async def test_a_request_waits_for_its_prefix_engines_while_those_behind_it_go() -> None:
+    """Late binding that keeps the cache: a queued request whose prefix e1 holds waits for e1
+    (up to owner_wait_s), and the requests behind it take e2's free slot meanwhile; past its
+    wait it goes to any engine. With owner_wait_s 0 it takes e2's slot at once (a miss)."""
+    e1, e2 = "http://e1", "http://e2"
+
+    async def run(owner_wait_s: float) -> tuple[list[str], Clock, LoadTracker, list[Any]]:
+        clock = Clock()
+        q, load, _ = make_queue(clock, owner_wait_s=owner_wait_s)
+        load.start(e1, 0)
+        load.start(e2, 0)  # both engines full: everything queues
+        order: list[str] = []
+
+        async def send(name: str, owners: list[str]) -> None:
+            async def held() -> list[str]:
+                return owners
+
+            p = await q.admit(lambda: [e1, e2], {"x-tenant": name}, 100.0, {}, 10,
+                              owners=held)  # fmt: skip
+            order.append(name)
+            p.bound()
+            load.start(e1 if load.inflight(e1) < 1 else e2, 0)  # where it found room
+
+        tasks = [asyncio.create_task(send("held-by-e1", [e1]))]
+        await settle()
+        tasks.append(asyncio.create_task(send("anywhere", [])))
+        await settle()
+        load.finish(e2)  # e2 frees a slot: e1, which holds the first one's prefix, is full
+        await settle()
+        return order, clock, load, tasks
+
+    order, clock, load, tasks = await run(owner_wait_s=2.0)
+    assert order == ["anywhere"], order  # it waits for e1; the one behind it takes e2
+    clock.now += 2.0
+    load.finish(e2)
+    await settle()
+    assert order == ["anywhere", "held-by-e1"], order  # its wait is over: any engine
+    await soon(asyncio.gather(*tasks))
+
+    order, _, _, tasks = await run(owner_wait_s=0.0)
+    assert order == ["held-by-e1"], order  # the first engine with room, its prefix or not
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def test_fair_queue_takes_an_entry_ahead_of_its_turn() -> None:
+    fq: FairQueue[str] = FairQueue()
+    entries = {x: fq.push(x, x[0], 100) for x in ("a0", "b0", "a1")}
+    assert [e.item for e in fq.first(3)] == ["a0", "b0", "a1"]
+    assert fq.take(entries["b0"]) == "b0"
+    fq.push("c0", "C", 100)
+    assert [fq.pop() for _ in range(3)] == ["a0", "c0", "a1"]
+    assert fq.first(3) == [] and len(fq) == 0
