@@ -23,6 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
+from prefix_router.prompt import MultiModalPart
 from prefix_router.responses_input import chat_tools, input_messages
 
 from .engine import Request
@@ -68,6 +69,7 @@ class Plan:
     background: bool
     store: bool
     created: int = field(default_factory=lambda: int(time.time()))
+    mm: tuple[MultiModalPart, ...] = ()  # the prompt's media items (token mode)
 
 
 def _response(plan: Plan, status: str, output: list[Any], usage: Any) -> dict[str, Any]:
@@ -184,7 +186,7 @@ def _plan(request: web.Request, body: dict[str, Any]) -> Plan:
     chat = {"messages": messages, "tools": tools}
     if body.get("chat_template_kwargs") is not None:
         chat["chat_template_kwargs"] = body["chat_template_kwargs"]
-    prompt, ids, ptoks = prompt_of(app, chat, chat=True)
+    prompt, ids, ptoks, mm = prompt_of(app, chat, chat=True)
     limit = app[CONF]["max_model_len"]
     if ptoks >= limit:
         raise BadRequest(
@@ -209,6 +211,7 @@ def _plan(request: web.Request, body: dict[str, Any]) -> Plan:
         stream=stream,
         background=background,
         store=store,
+        mm=mm,
     )
 
 
@@ -263,7 +266,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     app = request.app
     body = await _body(request)
     plan = _plan(request, body)
-    r = submit(app, body, plan.model, plan.prompt, plan.ids, plan.max_tokens)
+    r = submit(app, body, plan.model, plan.prompt, plan.ids, plan.max_tokens, plan.mm)
     store = app[STORE]
     if plan.background:
         return await _background(request, plan, r, store)
