@@ -50,9 +50,14 @@ def media_keys(items: Iterable[tuple[str, int]]) -> bytes:
     return b"".join(_MEDIA + ident.encode() + _AT + str(at).encode() for ident, at in items)
 
 
-def _block_media(media: Sequence[Media], start: int, end: int) -> bytes:
-    return media_keys((m.identity, m.start - start) for m in media
-                      if m.start < end and m.end > start)  # fmt: skip
+def _media_by_block(media: Sequence[Media], block_bytes: int) -> dict[int, bytes]:
+    """The media keys of each block that overlaps an item (block index -> keys): the others,
+    most of a prompt, then cost one dict look-up each."""
+    items: dict[int, list[tuple[str, int]]] = {}
+    for m in media:
+        for i in range(m.start // block_bytes, (m.end - 1) // block_bytes + 1):
+            items.setdefault(i, []).append((m.identity, m.start - i * block_bytes))
+    return {i: media_keys(its) for i, its in items.items()}
 
 
 def chain_seed(model: str, salt: str | None) -> int:
@@ -93,12 +98,10 @@ def extend_hashes(
             h = _xxh(canonical[i * block_bytes : (i + 1) * block_bytes], h)
             out.append(h)
         return out
-    last = max(m.end for m in media)  # blocks past it carry no media keys
+    keys = _media_by_block(media, block_bytes)
     for i in range(done, n):
-        start = i * block_bytes
-        block = canonical[start : start + block_bytes]
-        if start < last:
-            block += _block_media(media, start, start + block_bytes)
-        h = _xxh(block, h)
+        block = canonical[i * block_bytes : (i + 1) * block_bytes]
+        extra = keys.get(i)
+        h = _xxh(block + extra if extra else block, h)
         out.append(h)
     return out

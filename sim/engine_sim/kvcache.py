@@ -61,15 +61,22 @@ def block_hashes(seq: bytes, block_size: int, limit: int | None = None, seed: in
         return _block_hashes(seq, block_size, limit, seed)
     step = block_size * BYTES_PER_TOKEN
     n = len(seq) // step if limit is None else min(len(seq) // step, limit)
+    media = _mm_by_block(mm, block_size)
     out = []
     h = seed
     for i in range(n):
         block = seq[i * step : (i + 1) * step]
-        for m, at in mm_keys(mm, i * block_size, (i + 1) * block_size):
-            block += b"\x00mm\x00" + m.encode() + b"\x00" + str(at).encode()
-        h = _xxh(block, h)
+        h = _xxh(block + media[i] if i in media else block, h)
         out.append(h)
     return out
+
+
+def _mm_by_block(mm: Sequence[MultiModalPart], b: int) -> dict[int, bytes]:
+    """The media keys of each block of `b` tokens over an item (block index -> bytes)."""
+    blocks = {i for m in mm if m.length > 0
+              for i in range(m.offset // b, (m.offset + m.length - 1) // b + 1)}  # fmt: skip
+    return {i: b"".join(b"\x00mm\x00" + h.encode() + b"\x00" + str(at).encode()
+                        for h, at in mm_keys(mm, i * b, (i + 1) * b)) for i in blocks}
 
 
 class TokenBlockHasher:
@@ -97,11 +104,9 @@ class TokenBlockHasher:
         out = hashes[: len(ids) // b]
         h = out[-1] if out else self.root
         every = b"\x00lora\x00" + lora.encode() if lora else b""
+        media = _mm_by_block(mm, b) if mm else {}
         for i in range(len(out), len(ids) // b):
-            extra = every
-            if mm:
-                extra += b"".join(b"\x00mm\x00" + m.encode() + b"\x00" + str(at).encode()
-                                  for m, at in mm_keys(mm, i * b, (i + 1) * b))
+            extra = every + media[i] if i in media else every
             if i == 0 and salt:
                 extra += b"\x00salt\x00" + salt.encode()
             h = _xxh128(
