@@ -453,10 +453,12 @@ SCENARIOS["agentic"] = Scenario(
 SCENARIOS["multimodal"] = Scenario(
     "multimodal", "issue 37: chat with images (some shared), image blocks keyed by the image",
     "Chat with images: an image's blocks keyed by the image, as vLLM keys them",
-    DRIFT_FLEET.replace("the same requests", "chat with images (workload `multimodal`: 8 "
-                        "system prompts, an image of 200 by Zipf(1.1), 5 questions), the same "
-                        "requests").replace("(`prefix-events`)", "(`prefix-events`); `prefix` "
-                        "keys byte blocks (no tokenizer); round-robin for scale"),
+    "8 `engine-sim` replicas in vLLM's token mode (tiny tokenizer, cached tokens reported, KV "
+    "events), chat with images (workload `multimodal`: 8 system prompts, an image of 200 by "
+    "Zipf(1.1), 5 questions), the same requests for every router: `prefix` with its index "
+    "corrected by the cached tokens engines report (`prefix-corrected`) or fed by their KV "
+    "events (`prefix-events`), `prefix` on byte blocks (no tokenizer), round-robin for scale. "
+    "Oracle: one LRU cache as large as the fleet, its blocks keyed as the simulators' are",
     "multimodal", workloads=("multimodal",),
     setups=("prefix-events", "prefix-corrected", "prefix", "round-robin"), rates=(16.0,),
     seconds=60.0, kv_events=True, columns=DRIFT_COLUMNS, group_by=(),
