@@ -10,9 +10,9 @@ position (its identity from the first character it differs in). Two keys are mea
 - token mode, with a chat template that renders an image as a placeholder (as vision models'
   templates do: Llama 3.2 Vision's `<|image|>`): the blocks over the placeholder's tokens are
   keyed with the image's identity, as vLLM keys them (its `extra_keys`).
-Before images had blocks of their own (ec7484d) the same run counted 609 and 618 wrong hits of
-2,000 (multimodal-key-ec7484d.json). Nothing is sent: this measures the key function, not a
-fleet."""
+Before images had blocks of their own (ec7484d) the same run counted 609 and 597 wrong hits of
+2,000 (bench/results/api/multimodal-key-ec7484d.json). Nothing is sent: this measures the key
+function, not a fleet."""
 
 from __future__ import annotations
 
