@@ -28,8 +28,9 @@ from typing import Any
 
 from .harness.deployment import Engines, published_values
 from .harness.fleet import Fleet, Proc
-from .harness.loadgen import RunLog, run_load
-from .harness.stats import ms, percentile, ratio
+from .harness.loadgen import run_load
+from .harness.stats import ratio
+from .harness.timeline import requests
 from .harness.workloads import system_prompts
 from .provenance import now_utc, stamp
 from .report import fmt, md_table
@@ -69,13 +70,6 @@ class Settings:
     window_s: float = 150.0  # from the rollout's start: the figures "during" it
     drain_timeout_s: float = 30.0
     seed: int = 5
-
-
-def window(log: RunLog, start: float, end: float) -> dict[str, Any]:
-    ok = [r for r in log.results if start <= r.sent_at < end]
-    ttfts = [r.ttft for r in ok if r.ok and r.ttft is not None]
-    return {"requests": len(ok), "errors": sum(not r.ok for r in ok),
-            "ttft_p50_ms": ms(percentile(ttfts, 50)), "ttft_p99_ms": ms(percentile(ttfts, 99))}
 
 
 async def one(st: Strategy, s: Settings, log_dir: Path) -> dict[str, Any]:
@@ -123,9 +117,9 @@ async def one(st: Strategy, s: Settings, log_dir: Path) -> dict[str, Any]:
         return ratio(cb - ca, pb - pa)
 
     steady = {"hit_rate": hit("steady_start", "steady_end"),
-              **window(log, marks["steady_start"][0], marks["steady_end"][0])}
+              **requests(log.results, 0.0, marks["steady_start"][0], marks["steady_end"][0])}
     during = {"hit_rate": hit("steady_end", "window_end"),
-              **window(log, marks["steady_end"][0], marks["window_end"][0])}
+              **requests(log.results, 0.0, marks["steady_end"][0], marks["window_end"][0])}
     return {"strategy": asdict(st), "rollout_s": round(took, 1), "steady": steady,
             "during": during,
             "hit_ratio": ratio(during["hit_rate"], steady["hit_rate"], 3),
