@@ -19,6 +19,9 @@ from prefix_operator.figures import engine_values
 from .engines import fetch_stats
 from .fleet import Proc
 
+# the routers' file discovery re-reads the file each second (router discovery.py), and a drain
+# seen before that could stop an engine a router still sends to
+DISCOVERY_POLL_S = 1.5
 StartSim = Callable[[str], Awaitable[Proc]]  # a new simulator of the given name
 Pick = Callable[[list[Proc]], Awaitable[Proc]]  # which of the old engines goes next
 
@@ -82,11 +85,13 @@ class Engines:
         return new
 
     async def remove(self, going: list[Proc]) -> None:
-        """Out of the file at once, then each drained, counted and stopped."""
+        """Out of the file at once, then, once the routers have read it, each drained,
+        counted and stopped."""
         for p in going:
             self.members.remove(p)
             self.note("leave", p.url)
         write_backends(self.backends, self.urls)
+        await asyncio.sleep(DISCOVERY_POLL_S)  # as a pod's preStop pause: no new requests
         for p in going:
             await drain(p.url, self._drain_timeout)
             async with self._lock:
