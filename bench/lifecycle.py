@@ -381,8 +381,8 @@ def plot(r: dict[str, Any], path: Path) -> None:
         for ax in (top, bottom):
             ax.axvline(ev["t"], color="k", ls="--", lw=1)
             ax.axvspan(ev["t"], ev["t"] + after, color="0.92", zorder=0)
-        top.text(ev["t"] + 1, 0.02, name.replace("_", " "), fontsize=8, rotation=90,
-                 va="bottom", transform=top.get_xaxis_transform())
+        top.text(ev["t"] + 1, 0.98, name.replace("_", " "), fontsize=8, rotation=90,
+                 va="top", transform=top.get_xaxis_transform())
     top.set(ylabel=f"hit rate ({r['settings']['plot_step_s']:g} s windows)")
     bottom.set(ylabel="TTFT (ms)", yscale="log", xlabel="seconds from the load's start "
                "(grey: each event's window after)")
