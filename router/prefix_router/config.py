@@ -264,6 +264,10 @@ class RouterSettings(_Strict):
     # the cached tokens engines report what each really holds (index/learning.py); `events`
     # adds the engines' KV events; `approx` is the decisions alone (for comparison).
     index: Literal["approx", "corrected", "events"] = "corrected"
+    # An engine that leaves hands each prefix only it held to one successor, its rendezvous
+    # heir (fleet_value.py), so the prefix's followers meet there. Off only to measure what
+    # the handoff is worth (bench lifecycle's scale-down without it).
+    handoff: bool = True
     # The prefix index's memory, whatever the capacity setting and whatever clients send:
     # past it the largest backends' oldest entries go (about 200 bytes an entry).
     index_memory_mb: float = Field(default=192.0, ge=1)

@@ -182,7 +182,8 @@ def build_core(
         remember_response=responses.remember,
         evidence=states.answered,
     )
-    backends.on_leaving(lambda url: hand_off(fleet, index, backends, url))
+    if s.handoff:
+        backends.on_leaving(lambda url: hand_off(fleet, index, backends, url))
     backends.on_gone(fleet.forget)
     backends.on_gone(index.drop_backend)
     backends.on_gone(states.forget)  # a replacement starts a new baseline
