@@ -184,10 +184,11 @@ class QueueSettings(_Strict):
     # beyond them, so the under-share one's next request starts at once instead of waiting
     # for a slot to free. Each costs up to a slot's throughput (bench/results/tenants).
     reserve: int = Field(default=0, ge=0)
-    # A queued request whose prefix an engine holds waits up to this long for one of the
-    # engines holding its longest prefix to have room (others with room meanwhile take the
-    # requests behind it); after it, any engine with room. 0: the first engine with room,
-    # a miss wherever its prefix is held (bench/results/tenants/late-binding).
+    # A queued request whose prefix engines hold is released only to one of the engines
+    # holding its longest prefix, until this long after it became the next in line (a slot
+    # freed elsewhere goes to the first request behind it that may take it); then to any
+    # engine with room. 0: the first engine with room, a miss wherever its prefix is held
+    # (bench/results/tenants/late-binding).
     owner_wait_s: float = Field(default=2.0, ge=0)
     # Bounds of what waits: beyond either a request is refused (429) at once.
     max_requests: int = Field(default=10_000, ge=1)

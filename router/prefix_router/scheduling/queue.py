@@ -11,8 +11,9 @@ is bound to an engine only when one has room (late binding: scored where its pre
                tag (fairness.py). With a `reserve`, the last free slots are kept while a
                band above the next ticket's is active, or a tenant under its share
                (shares.py): its next request finds a slot at once, not after one frees.
-               A ticket whose prefix engines hold waits for one of them to have room, up
-               to `owner_wait_s`; the tickets behind it go meanwhile where they can run.
+               A ticket whose prefix engines hold goes only to one of them, until
+               `owner_wait_s` after it became the next in line; a slot that frees elsewhere
+               goes meanwhile to the first ticket behind it that may take it.
   Pass.bound() the released request is routed, its Attempt starts in the same step: until
                then it counts as `launching`, so one release of load lets one request
                through, not all of them.
@@ -56,9 +57,10 @@ class Ticket:
     future: asyncio.Future[None]
     entry: Entry[Ticket] | None = None
     queued: bool = True
-    # the engines holding its longest prefix, which it waits for until `owners_until`
+    # the engines holding its longest prefix: it goes only to one of them until
+    # `owner_wait_s` after it has become the next in line (inf: not yet)
     owners: Sequence[str] = ()
-    owners_until: float = 0.0
+    owners_until: float = math.inf
 
 
 @dataclass(slots=True)
@@ -168,10 +170,8 @@ class DispatchQueue:
         self._band_seen[cls.band] = now
         loop = asyncio.get_running_loop()
         t = Ticket(cls, size, now, now + self._budgets[cls.band], candidates, loop.create_future(),
-                   owners=held, owners_until=now + self._s.owner_wait_s)  # fmt: skip
+                   owners=held)  # fmt: skip
         self._push(t)
-        if held:  # its wait for them ends even if no load is released meanwhile
-            loop.call_later(self._s.owner_wait_s, self.pump)
         self._report("queued", "saturated", cls.band)
         self.pump()
         try:
@@ -226,6 +226,11 @@ class DispatchQueue:
             if e is None:
                 continue
             head = e.item
+            if head.owners and head.owners_until == math.inf:
+                # next in line: its wait for its engines starts, and ends even if no load is
+                # released meanwhile
+                head.owners_until = now + self._s.owner_wait_s
+                asyncio.get_running_loop().call_later(self._s.owner_wait_s, self.pump)
             go = self._releasable(head, now)
             if go is None:
                 return head

@@ -391,3 +391,37 @@ def test_fair_queue_takes_an_entry_ahead_of_its_turn() -> None:
     fq.push("c0", "C", 100)
     assert [fq.pop() for _ in range(3)] == ["a0", "c0", "a1"]
     assert fq.first(3) == [] and len(fq) == 0
+
+
+async def test_the_wait_for_its_prefix_engines_counts_from_its_turn() -> None:
+    """A request that queued long behind others still waits for its prefix's engines once
+    it is next in line: a saturated fleet's wait is longer than owner_wait_s for everyone."""
+    e1, e2 = "http://e1", "http://e2"
+    clock = Clock()
+    q, load, _ = make_queue(clock, owner_wait_s=2.0)
+    load.start(e1, 0)
+    load.start(e2, 0)
+    order: list[str] = []
+
+    async def send(name: str, owners: list[str]) -> None:
+        async def held() -> list[str]:
+            return owners
+
+        p = await q.admit(lambda: [e1, e2], {"x-tenant": name}, 100.0, {}, 10, owners=held)
+        order.append(name)
+        p.bound()
+        load.start(e1 if load.inflight(e1) < 1 else e2, 0)
+
+    tasks = [asyncio.create_task(send("first", [])), asyncio.create_task(send("held", [e1]))]
+    await settle()
+    clock.now += 10.0  # both waited 10 s, far past owner_wait_s
+    load.finish(e2)
+    await settle()
+    assert order == ["first"], order
+    load.finish(e2)  # e2 again: "held" is next in line now, and waits for e1
+    await settle()
+    assert order == ["first"], order
+    load.finish(e1)
+    await settle()
+    assert order == ["first", "held"], order
+    await soon(asyncio.gather(*tasks))
