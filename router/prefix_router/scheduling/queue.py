@@ -245,13 +245,14 @@ class DispatchQueue:
         """None: `t` may go now; True: the fleet has room, not the engines it waits for;
         False: no room for it."""
         try:
-            free = self.free(t.candidates())
+            candidates = t.candidates()
         except RequestError:
             return None  # no engine at all: released, its routing says why
+        free = self.free(candidates)
         if free <= 0 or (free <= self._reserve and not self._may_take_reserve(t)):
             return False
         if t.owners and now < t.owners_until:
-            alive = [b for b in t.owners if b in t.candidates()]
+            alive = [b for b in t.owners if b in candidates]
             if alive and self.free(alive) <= 0:
                 return True
         return None

@@ -337,11 +337,27 @@ async def test_the_reserve_keeps_a_slot_for_an_active_higher_band() -> None:
     await asyncio.gather(*std, return_exceptions=True)
 
 
+E1, E2 = "http://e1", "http://e2"
+
+
+async def sent_holding(q: DispatchQueue, load: LoadTracker, order: list[str], name: str,
+                       owners: list[str]) -> None:  # fmt: skip
+    """A request whose prefix `owners` hold, over two one-slot engines: noted when it gets a
+    pass, then started where it found room."""
+    async def held() -> list[str]:
+        return owners
+
+    p = await q.admit(lambda: [E1, E2], {"x-tenant": name}, 100.0, {}, 10, owners=held)
+    order.append(name)
+    p.bound()
+    load.start(E1 if load.inflight(E1) < 1 else E2, 0)
+
+
 async def test_a_request_waits_for_its_prefix_engines_while_those_behind_it_go() -> None:
     """Late binding that keeps the cache: a queued request whose prefix e1 holds waits for e1
     (up to owner_wait_s), and the requests behind it take e2's free slot meanwhile; past its
     wait it goes to any engine. With owner_wait_s 0 it takes e2's slot at once (a miss)."""
-    e1, e2 = "http://e1", "http://e2"
+    e1, e2 = E1, E2
 
     async def run(owner_wait_s: float) -> tuple[list[str], Clock, LoadTracker, list[Any]]:
         clock = Clock()
@@ -350,19 +366,9 @@ async def test_a_request_waits_for_its_prefix_engines_while_those_behind_it_go()
         load.start(e2, 0)  # both engines full: everything queues
         order: list[str] = []
 
-        async def send(name: str, owners: list[str]) -> None:
-            async def held() -> list[str]:
-                return owners
-
-            p = await q.admit(lambda: [e1, e2], {"x-tenant": name}, 100.0, {}, 10,
-                              owners=held)  # fmt: skip
-            order.append(name)
-            p.bound()
-            load.start(e1 if load.inflight(e1) < 1 else e2, 0)  # where it found room
-
-        tasks = [asyncio.create_task(send("held-by-e1", [e1]))]
+        tasks = [asyncio.create_task(sent_holding(q, load, order, "held-by-e1", [e1]))]
         await settle()
-        tasks.append(asyncio.create_task(send("anywhere", [])))
+        tasks.append(asyncio.create_task(sent_holding(q, load, order, "anywhere", [])))
         await settle()
         load.finish(e2)  # e2 frees a slot: e1, which holds the first one's prefix, is full
         await settle()
@@ -396,23 +402,15 @@ def test_fair_queue_takes_an_entry_ahead_of_its_turn() -> None:
 async def test_the_wait_for_its_prefix_engines_counts_from_its_turn() -> None:
     """A request that queued long behind others still waits for its prefix's engines once
     it is next in line: a saturated fleet's wait is longer than owner_wait_s for everyone."""
-    e1, e2 = "http://e1", "http://e2"
+    e1, e2 = E1, E2
     clock = Clock()
     q, load, _ = make_queue(clock, owner_wait_s=2.0)
     load.start(e1, 0)
     load.start(e2, 0)
     order: list[str] = []
 
-    async def send(name: str, owners: list[str]) -> None:
-        async def held() -> list[str]:
-            return owners
-
-        p = await q.admit(lambda: [e1, e2], {"x-tenant": name}, 100.0, {}, 10, owners=held)
-        order.append(name)
-        p.bound()
-        load.start(e1 if load.inflight(e1) < 1 else e2, 0)
-
-    tasks = [asyncio.create_task(send("first", [])), asyncio.create_task(send("held", [e1]))]
+    tasks = [asyncio.create_task(sent_holding(q, load, order, "first", [])),
+             asyncio.create_task(sent_holding(q, load, order, "held", [e1]))]
     await settle()
     clock.now += 10.0  # both waited 10 s, far past owner_wait_s
     load.finish(e2)
