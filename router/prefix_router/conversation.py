@@ -21,9 +21,8 @@ vLLM does not give the template the request's messages as they came. It rebuilds
   and all system messages are then merged into the first (vllm/renderers/hf.py l. 607-679,
   898-905).
 Tools reach the template as vLLM's request model dumps them (`ChatCompletionToolsParam`:
-`{"type", "function": {"name", "description", "parameters"}}`, extra keys after). Responses
-API input (`instructions` + items) becomes the equivalent chat first (vllm 0.34.0,
-vllm/entrypoints/openai/responses/utils.py `construct_input_messages`).
+`{"type", "function": {"name", "description", "parameters"}}`, extra keys after). A Responses
+API request becomes the equivalent chat first (responses_chat.py).
 
 Pure: no template, no tokenizer. A request the engine would refuse raises `PromptError`.
 """
@@ -335,81 +334,3 @@ def tool_dicts(tools: Any) -> list[dict[str, Any]] | None:
             item["defer_loading"] = tool["defer_loading"]
         out.append(item)
     return out
-
-
-def responses_tools(tools: Any) -> list[dict[str, Any]] | None:
-    """Responses API tools are flat (`{"type": "function", "name", ...}`): vLLM turns each
-    function tool into the chat form (responses/utils.py `construct_tool_dicts`)."""
-    if not tools:
-        return None
-    if not isinstance(tools, list):
-        raise PromptError("'tools' must be a list", "tools")
-    flat = [t for t in tools if isinstance(t, Mapping) and t.get("type") == "function"]
-    return tool_dicts([{"type": "function",
-                        "function": {k: v for k, v in t.items() if k != "type"}}
-                       for t in flat])  # fmt: skip
-
-
-def _output_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and content:
-        first = content[0]
-        return first.get("text", "") if isinstance(first, Mapping) else str(first)
-    return ""
-
-
-def responses_messages(instructions: Any, items: Any) -> tuple[list[dict[str, Any]], bool]:
-    """A Responses API request's `instructions` and `input` as the equivalent chat messages,
-    and whether the final message is continued (an assistant message left in progress)."""
-    messages: list[dict[str, Any]] = []
-    if instructions:
-        if not isinstance(instructions, str):
-            raise PromptError("'instructions' must be a string", "instructions")
-        messages.append({"role": "system", "content": instructions})
-    if isinstance(items, str):
-        messages.append({"role": "user", "content": items})
-        return messages, False
-    if not isinstance(items, list) or not items:
-        raise PromptError("'input' must be a string or a non-empty list", "input")
-    for i, item in enumerate(items):
-        if not isinstance(item, Mapping):
-            raise PromptError(f"input[{i}] must be an object", "input")
-        kind = item.get("type", "message")
-        prev = messages[-1] if messages and messages[-1].get("role") == "assistant" else None
-        if kind == "function_call":
-            args = item.get("arguments", "")
-            call = {"id": item.get("call_id"), "type": "function",
-                    "function": {"name": item.get("name"),
-                                 "arguments": args if isinstance(args, str)
-                                 else json.dumps(args, ensure_ascii=False)}}  # fmt: skip
-            if prev is not None and isinstance(prev.get("tool_calls"), list):
-                prev["tool_calls"].append(call)
-            elif prev is not None and prev.get("tool_calls") is None:
-                prev["tool_calls"] = [call]
-            else:
-                messages.append({"role": "assistant", "tool_calls": [call]})
-        elif kind == "function_call_output":
-            messages.append({"role": "tool", "content": item.get("output"),
-                             "tool_call_id": item.get("call_id")})  # fmt: skip
-        elif kind == "reasoning":
-            parts = item.get("content") or item.get("summary") or []
-            text = _output_text(list(parts))
-            if prev is not None and prev.get("reasoning") is None:
-                prev["reasoning"] = text
-            else:
-                messages.append({"role": "assistant", "reasoning": text})
-        elif kind == "message" and item.get("role") == "assistant":
-            text = _output_text(item.get("content"))
-            if prev is not None and prev.get("content") is None:
-                prev["content"] = text
-            else:
-                messages.append({"role": "assistant", "content": text})
-        elif kind == "message":
-            messages.append({k: v for k, v in item.items() if k not in ("type", "id", "status")})
-        else:
-            raise PromptError(f"input[{i}]: items of type {kind!r} are not supported", "input")
-    last = items[-1]
-    cont = (last.get("type", "message") in ("message", "reasoning")
-            and last.get("status") in ("in_progress", "incomplete"))  # fmt: skip
-    return messages, cont

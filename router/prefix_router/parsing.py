@@ -16,8 +16,9 @@ from typing import Any, Literal
 
 import msgspec
 
+from .conversation import PromptError
 from .errors import RequestError
-from .responses_input import as_chat
+from .responses_chat import responses_chat
 
 Kind = Literal["completions", "chat", "responses"]
 
@@ -32,6 +33,9 @@ _MSG = b"\xff\x02"
 _PART = b"\xff\x03"
 _FIELD = b"\xfe"
 _TOKENS = b"\xff\x04"
+# Text parts under their three names key alike, so a conversation that moves between the
+# chat and Responses APIs keeps its key.
+_TEXT_PARTS = frozenset(("text", "input_text", "output_text"))
 
 # The deepest a request body may nest (the body itself is level 1). Deep enough for any real
 # tool schema (a JSON Schema nests two levels per object property; OpenAI's strict schemas
@@ -70,7 +74,7 @@ def _content_bytes(content: Any, where: str) -> bytes:
                 out += _PART + part.encode()
             elif isinstance(part, dict):
                 ptype = part.get("type")
-                if ptype == "text" and isinstance(part.get("text"), str):
+                if ptype in _TEXT_PARTS and isinstance(part.get("text"), str):
                     out += _PART + b"text" + _FIELD + part["text"].encode()
                 else:
                     # Images, audio, files: their serialised form is what identifies them.
@@ -207,9 +211,9 @@ def _parse_body(
     responses = None
     if kind == "responses":
         try:
-            messages, tools = as_chat(body)
-        except ValueError as exc:
-            raise RequestError(400, str(exc), param="input") from None
+            chat = responses_chat(body)
+        except PromptError as exc:
+            raise RequestError(400, str(exc), param=exc.param) from None
         prev = body.get("previous_response_id")
         if prev is not None and not isinstance(prev, str):
             raise RequestError(400, "'previous_response_id' must be a string",
@@ -217,8 +221,8 @@ def _parse_body(
         responses = {"previous_response_id": prev, "store": body.get("store", True) is not False,
                      "background": body.get("background") is True, "body": body}  # fmt: skip
         # the tokenizer renders the chat this request is; the engine gets the body as sent
-        body = {**body, "messages": messages, "tools": tools}
-        canonical = canonical_chat(messages, tools)
+        body = {**body, **chat}
+        canonical = canonical_chat(chat["messages"], chat["tools"])
         kind = "chat"
     elif kind == "chat":
         messages = body.get("messages")

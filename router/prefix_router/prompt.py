@@ -41,10 +41,9 @@ from .conversation import (
     MediaItem,
     PromptError,
     conversation,
-    responses_messages,
-    responses_tools,
     tool_dicts,
 )
+from .responses_chat import responses_chat
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -307,9 +306,7 @@ class Renderer:
                 chat_template_kwargs=kwargs,
                 add_special_tokens=_flag(body, "add_special_tokens", False))
         if kind == "responses":
-            messages, cont = responses_messages(body.get("instructions"), body.get("input"))
-            return self.chat(messages, responses_tools(body.get("tools")),
-                             add_generation_prompt=not cont, continue_final_message=cont)
+            return self.request("chat", responses_chat(body))
         return self.completion(body.get("prompt"),
                                _flag(body, "add_special_tokens", True))  # fmt: skip
 

@@ -11,6 +11,9 @@ import json
 from typing import Any
 
 GENERATION_PROMPT = "<|start|>assistant\n"
+# The Responses API's names of a text part render as the chat's does (vLLM's preprocessing
+# reads all three as text).
+_TEXT_PARTS = frozenset(("text", "input_text", "output_text"))
 
 
 def _content(content: Any) -> str:
@@ -25,7 +28,7 @@ def _content(content: Any) -> str:
                 out.append(part)
             elif not isinstance(part, dict):
                 raise ValueError("each content part must be an object with a type")
-            elif part.get("type") == "text":
+            elif part.get("type") in _TEXT_PARTS:
                 out.append(str(part.get("text", "")))
             else:
                 out.append(json.dumps(part, sort_keys=True, separators=(",", ":")))

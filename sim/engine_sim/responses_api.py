@@ -1,13 +1,13 @@
 """The Responses API at vLLM's paths: POST /v1/responses, GET /v1/responses/{id},
 POST /v1/responses/{id}/cancel (vLLM has no DELETE: it answers 405, as here).
 
-As vLLM does it: the request becomes chat messages (responses_input.py) and runs the chat path
-(the same prompt, blocks and KV events as the equivalent chat request). With the store off
-(vLLM's default) `store: true` is silently dropped, nothing is remembered and every id is
-unknown; `background` then is an error. With it on, a stored response can be continued
-(`previous_response_id`), read back and, while it runs in the background, cancelled. The
-simulator always stops at max_output_tokens (its chat answers finish_reason "length"), so a
-response ends "incomplete", as vLLM reports one that hit the limit.
+As vLLM does it: the request becomes chat messages (prefix_router/responses_chat.py) and runs the
+chat path (the same prompt, blocks and KV events as the equivalent chat request). With the store off
+(vLLM's default) `store: true` is silently dropped, nothing is remembered and every id is unknown;
+`background` then is an error. With it on, a stored response can be continued
+(`previous_response_id`), read back and, while it runs in the background, cancelled. The simulator
+always stops at max_output_tokens (its chat answers finish_reason "length"), so a response ends
+"incomplete", as vLLM reports one that hit the limit.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from typing import Any
 
 from aiohttp import web
 
-from prefix_router.responses_input import chat_tools, input_messages
+from prefix_router.conversation import PromptError
+from prefix_router.responses_chat import responses_chat
 
 from .engine import Request
 from .responses_store import ResponseStore, Stored
@@ -177,13 +178,10 @@ def _plan(request: web.Request, body: dict[str, Any]) -> Plan:
             raise not_found(prev_id)
         previous = (entry.messages, entry.response["output"])
     try:
-        messages = input_messages(body.get("instructions"), body["input"], previous)
-        tools = chat_tools(body.get("tools"), body.get("tool_choice", "auto"))
-    except ValueError as e:
-        raise BadRequest(str(e), param="input") from None
-    chat = {"messages": messages, "tools": tools}
-    if body.get("chat_template_kwargs") is not None:
-        chat["chat_template_kwargs"] = body["chat_template_kwargs"]
+        chat = responses_chat(body, previous)
+    except PromptError as e:
+        raise BadRequest(str(e), param=e.param) from None
+    messages = chat["messages"]
     prompt, ids, ptoks = prompt_of(app, chat, chat=True)
     limit = app[CONF]["max_model_len"]
     if ptoks >= limit:

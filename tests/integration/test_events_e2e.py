@@ -12,15 +12,13 @@ from typing import Any
 import aiohttp
 import pytest
 import waiting
+from events_fleet import MODEL, SYSTEM, publishing_sims
 
-from bench.harness.fleet import Fleet, free_port
+from bench.harness.fleet import Fleet
 from bench.harness.promtext import sample_sum
 from engine_sim.hf_tokenizer import TINY_TOKENIZER
 from prefix_router.app import serve
 from prefix_router.config import RouterSettings
-
-MODEL = "test-model"
-SYSTEM = "You answer questions about the billing of claims, briefly and politely. " * 12
 
 
 def chat(user: str) -> dict[str, Any]:
@@ -40,19 +38,7 @@ def gauge(text: str, name: str, backend: str | None = None) -> float:
 @pytest.fixture
 async def setup(fleet: Fleet, request: pytest.FixtureRequest) -> AsyncIterator[dict[str, Any]]:
     kv_capacity = getattr(request, "param", 100_000)  # tokens a simulator holds
-    sims: list[str] = []
-    ends: dict[str, str] = {}
-    for i in range(2):
-        pub, replay = free_port(), free_port()
-        cfg = {"enable_kv_cache_events": True, "publisher": "zmq",
-               "endpoint": f"tcp://127.0.0.1:{pub}", "replay_endpoint": f"tcp://127.0.0.1:{replay}"}
-        p = await fleet.start_sim(
-            f"sim{i}", model=MODEL, kv_capacity=kv_capacity, profile="fast", time_scale=1.0,
-            extra=["--tokenizer", "tiny", "--enable-prompt-tokens-details",
-                   "--kv-events-config", json.dumps(cfg)],
-        )  # fmt: skip
-        sims.append(p.url)
-        ends[p.url] = f"tcp://127.0.0.1:{pub},tcp://127.0.0.1:{replay}"
+    sims, ends = await publishing_sims(fleet, kv_capacity)
     stops, tasks, urls = [], [], []
     for _ in range(2):
         s = RouterSettings.model_validate({

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from engine_sim.hf_tokenizer import TINY_TOKENIZER
-from prefix_router.conversation import conversation, responses_messages, responses_tools
+from prefix_router.conversation import conversation
 from prefix_router.prompt import Renderer
+from prefix_router.responses_chat import responses_messages, responses_tools
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "vllm-prompts"
 CASES = json.loads((FIXTURES / "golden-cases.json").read_text())["cases"]

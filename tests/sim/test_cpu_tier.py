@@ -4,6 +4,7 @@ hit that the CPU tier holds are loaded, not prefilled, and count as cached."""
 
 from __future__ import annotations
 
+from engine_runs import cached_tokens, prompt
 from kvsub import Subscriber, event_type, field_of
 
 from engine_sim import kvevents as kv
@@ -11,28 +12,17 @@ from engine_sim.engine import Engine
 from engine_sim.profiles import PROFILES
 
 
-def _prompt(tag: str, tokens: int) -> bytes:
-    return tag.encode() * (tokens * 4)  # 4 bytes a token (tokenizer.py)
-
-
-async def _run(e: Engine, prompt: bytes) -> int:
-    r = e.submit(prompt, 1, 0)
-    while await r.out.get() is not None:
-        pass
-    return r.cached_tokens
-
-
 async def test_an_evicted_prefix_is_loaded_from_the_cpu_tier() -> None:
     with_cpu = Engine(PROFILES["zero"], 256, 16, cpu_offload_tokens=4096)
     gpu_only = Engine(PROFILES["zero"], 256, 16)
     for e in (with_cpu, gpu_only):
-        assert await _run(e, _prompt("a", 160)) == 0
-        await _run(e, _prompt("b", 240))  # pushes a's blocks out of the GPU cache
+        assert await cached_tokens(e, prompt("a", 160)) == 0
+        await cached_tokens(e, prompt("b", 240))  # pushes a's blocks out of the GPU cache
         assert e.cache.match(e.seqs.prompt_hashes(e.submit(b"", 1, 0)), 1) == 0
     # a again: its 9 full blocks (the last token is always computed) come from the CPU tier
-    assert await _run(with_cpu, _prompt("a", 160)) == 144
+    assert await cached_tokens(with_cpu, prompt("a", 160)) == 144
     assert with_cpu.counters.cpu_cached_tokens == 144
-    assert await _run(gpu_only, _prompt("a", 160)) == 0
+    assert await cached_tokens(gpu_only, prompt("a", 160)) == 0
 
 
 async def test_an_offload_is_published_for_the_cpu_before_the_gpu_removal() -> None:
@@ -43,8 +33,8 @@ async def test_an_offload_is_published_for_the_cpu_before_the_gpu_removal() -> N
     sub = Subscriber(pub.endpoint, pub.replay_endpoint)
     pub.start()
     try:
-        await _run(e, _prompt("a", 160))
-        await _run(e, _prompt("b", 240))
+        await cached_tokens(e, prompt("a", 160))
+        await cached_tokens(e, prompt("b", 240))
         await sub.replay(0)
         events = [ev for seq in sorted(sub.batches) for ev in sub.batches[seq][1]]
         cpu = [i for i, ev in enumerate(events) if field_of(ev, "medium", 6) == "CPU"]

@@ -7,28 +7,57 @@ import pytest
 
 from engine_sim.chat import render_chat
 from engine_sim.responses_store import ResponseStore, Stored
-from prefix_router.responses_input import chat_tools, input_messages
+from prefix_router.conversation import PromptError
+from prefix_router.responses_chat import responses_chat, responses_messages, responses_tools
 
 
 def test_instructions_and_items_are_the_equivalent_chat() -> None:
+    user = {"role": "user", "content": [{"type": "input_text", "text": "look"},
+                                        {"type": "input_image", "image_url": "http://x/cat.png"}]}
     items = [
-        {"role": "user", "content": [{"type": "input_text", "text": "look"},
-                                     {"type": "input_image", "image_url": "http://x/cat.png"}]},
+        user,
         {"type": "function_call", "call_id": "c1", "name": "f", "arguments": '{"a":1}'},
         {"type": "function_call_output", "call_id": "c1", "output": "42"},
     ]  # fmt: skip
-    chat = [
+    got, cont = responses_messages("sys", items)
+    assert got == [
         {"role": "system", "content": "sys"},
-        {"role": "user", "content": [{"type": "text", "text": "look"},
-                                     {"type": "image_url", "image_url": {"url": "http://x/cat.png"}}]},
+        user,  # a message item passes as it is: the chat preprocessing reads its parts
         {"role": "assistant", "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}]},
         {"role": "tool", "content": "42", "tool_call_id": "c1"},
     ]  # fmt: skip
-    got = input_messages("sys", items)
-    assert got == chat
-    assert render_chat(got) == render_chat(chat)
-    assert input_messages(None, "hi") == [{"role": "user", "content": "hi"}]
+    assert not cont
+    assert render_chat(got) == render_chat([got[0], {"role": "user", "content": [
+        {"type": "text", "text": "look"}, user["content"][1]]}, *got[2:]])
+    assert responses_messages(None, "hi") == ([{"role": "user", "content": "hi"}], False)
+
+
+def test_reasoning_and_the_calls_after_it_are_one_assistant_message() -> None:
+    call = {"type": "function_call", "name": "f", "arguments": "{}"}
+    items = [
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "think"}]},
+        {**call, "call_id": "c1"},
+        {**call, "call_id": "c2"},
+        {"type": "function_call_output", "call_id": "c1", "output": "1"},
+        {"type": "function_call_output", "call_id": "c2", "output": "2"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text",
+                                                               "text": "done"}]},
+    ]  # fmt: skip
+    got, _ = responses_messages(None, items)
+    assert [m["role"] for m in got] == ["assistant", "tool", "tool", "assistant"]
+    assert got[0]["reasoning"] == "think"
+    assert [c["id"] for c in got[0]["tool_calls"]] == ["c1", "c2"]
+    assert got[3] == {"role": "assistant", "content": "done"}
+
+
+def test_an_assistant_message_in_progress_is_continued() -> None:
+    items = [{"role": "user", "content": "q"},
+             {"type": "message", "role": "assistant", "status": "in_progress",
+              "content": [{"type": "output_text", "text": "The answer is"}]}]  # fmt: skip
+    chat = responses_chat({"input": items})
+    assert chat["continue_final_message"] and not chat["add_generation_prompt"]
+    assert chat["messages"][-1] == {"role": "assistant", "content": "The answer is"}
 
 
 def test_a_previous_response_is_its_messages_then_its_output() -> None:
@@ -41,11 +70,12 @@ def test_a_previous_response_is_its_messages_then_its_output() -> None:
             "content": [{"type": "output_text", "text": "a1"}],
         },
     ]
-    got = input_messages("new", "q2", (prev_messages, prev_output))
-    # vLLM: the new instructions first, then everything stored (the old ones too)
+    got, _ = responses_messages("new", "q2", (prev_messages, prev_output))
+    # vLLM 0.34: the new instructions first, then what was stored without its system
+    # messages (instructions do not carry over), then the output
     assert got == [
         {"role": "system", "content": "new"},
-        *prev_messages,
+        {"role": "user", "content": "q1"},
         {"role": "assistant", "content": "a1"},
         {"role": "user", "content": "q2"},
     ]
@@ -58,24 +88,28 @@ def test_a_previous_response_is_its_messages_then_its_output() -> None:
         (None, []),
         (3, "x"),
         (None, [{"type": "message"}]),
-        (None, [{"role": "user", "content": [{"type": "input_audio"}]}]),
         (None, [{"type": "function_call", "name": "f"}]),
+        (None, [{"type": "function_call_output", "call_id": "c1", "output": 3}]),
+        (None, [{"type": "reasoning", "encrypted_content": "gAAA"}]),
         (None, [{"type": "file_search_call"}]),
+        (None, ["text"]),
     ],
 )
-def test_bad_input_is_a_value_error(instructions, items) -> None:
-    with pytest.raises(ValueError):
-        input_messages(instructions, items)
+def test_bad_input_is_a_prompt_error(instructions, items) -> None:
+    with pytest.raises(PromptError):
+        responses_messages(instructions, items)
 
 
-def test_tools_are_nested_under_function_and_dropped_with_tool_choice_none() -> None:
+def test_tools_are_nested_under_function_as_vllm_dumps_them() -> None:
     tool = {"type": "function", "name": "f", "parameters": {"type": "object"}}
-    (got,) = chat_tools([tool], "auto")
-    assert got["type"] == "function"
-    assert list(got["function"]) == ["name", "parameters", "strict", "type", "description"]
-    assert got["function"]["name"] == "f" and got["function"]["description"] is None
-    assert chat_tools([tool], "none") is None
-    assert chat_tools(None, "auto") is None
+    (got,) = responses_tools([tool, {"type": "web_search"}])
+    assert got == {"type": "function", "function": {"name": "f", "description": None,
+                                                    "parameters": {"type": "object"}}}
+    # vLLM keeps them with tool_choice "none" unless started to exclude them
+    assert responses_chat({"input": "q", "tools": [tool], "tool_choice": "none"})["tools"]
+    assert responses_tools(None) is None
+    with pytest.raises(PromptError):
+        responses_tools([3])
 
 
 def _entry(n: int, status: str = "completed") -> Stored:
