@@ -156,10 +156,10 @@ async def responses(v: Via, stream: bool) -> str:
     ids = []
     previous = None
     for turn in range(3):
-        args: dict[str, Any] = {"model": MODEL, "input": f"turn {turn}", "max_output_tokens": 6}
-        if previous is None:
-            args["instructions"] = PROMPT
-        else:
+        # instructions on every turn: a stored response's do not carry over
+        args: dict[str, Any] = {"model": MODEL, "input": f"turn {turn}", "instructions": PROMPT,
+                                "max_output_tokens": 6}  # fmt: skip
+        if previous is not None:
             args["previous_response_id"] = previous
         if stream:
             ev, _ = await v.events(lambda c, a=args: c.responses.create(**a, stream=True))

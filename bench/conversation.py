@@ -117,11 +117,12 @@ async def responses_session(http: aiohttp.ClientSession, s: Sess, k: int, plan: 
                             target: Callable[[int, int], str], run: Run) -> None:
     previous: str | None = None
     for t, user in enumerate(s.inputs):
+        # instructions on every turn: a stored response's do not carry over (the OpenAI
+        # API's rule, and vLLM's since 0.34)
         body: dict[str, Any] = {"model": MODEL, "input": user, "stream": True,
-                                "max_output_tokens": plan.max_tokens}
-        if previous is None:
-            body["instructions"] = s.instructions  # the engine keeps it with the history
-        else:
+                                "instructions": s.instructions,
+                                "max_output_tokens": plan.max_tokens}  # fmt: skip
+        if previous is not None:
             body["previous_response_id"] = previous
         try:
             status, ttft, raw = await _stream(http, target(k, t) + "/v1/responses", body,
