@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from . import abuse, api, conversation, multimodal_key, response_map, tenants
+from . import abuse, api, conversation, lifecycle, multimodal_key, response_map, tenants
 from .harness.workloads import WORKLOADS
 from .scenarios import SCENARIOS, SETUPS, Scenario, setup
 
@@ -81,6 +81,7 @@ def parser() -> argparse.ArgumentParser:
     conversation.register(sub)
     response_map.register(sub)
     multimodal_key.register(sub)
+    lifecycle.register(sub)
     return p
 
 
@@ -146,6 +147,8 @@ def main(argv: list[str] | None = None) -> None:
         response_map.main(args, command)
     elif args.cmd == "multimodal-key":
         multimodal_key.main(args, command)
+    elif args.cmd == "lifecycle":
+        lifecycle.main(args, command)
     elif args.cmd == "abuse":
         abuse.main(args, command)
     elif args.cmd == "tenants":

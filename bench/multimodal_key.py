@@ -1,15 +1,18 @@
-"""`python -m bench multimodal-key`: what today's prefix key makes of chat with images (the
-`multimodal` workload), request by request in send order, with the router's own parsing and
-keyer: how many requests its key says share more of their prompt with an earlier request than
-they do (a wrong hit: the router would count on cache an engine cannot have).
+"""`python -m bench multimodal-key`: what the router's prefix key makes of chat with images
+(the `multimodal` workload), request by request in send order, with the router's own parsing
+and keyer: how many requests its key says share more of their prompt with an earlier request
+than they do (a wrong hit: the router would count on cache an engine cannot have).
 
-The truth is the key a request gets when each image is its own identity at its position (as
-vLLM keys an image's blocks by its hash, `extra_keys`). Two keys are measured against it:
-- byte mode (the router's default): the canonical bytes hold the image part's JSON, its
-  data URL whole, so an image is its identity and counts as its base64 bytes / 4 tokens;
+The truth is the key a request gets when each image is a text part naming the image at its
+position (its identity from the first character it differs in). Two keys are measured against it:
+- byte mode (the router's default): an image part is its marker and identity (the hash of its
+  data URL), and every block over it is keyed with that identity (prefix.py);
 - token mode, with a chat template that renders an image as a placeholder (as vision models'
-  templates do: Llama 3.2 Vision's `<|image|>`): the key sees the placeholder, not the image.
-Nothing is sent: this measures the key function, not a fleet."""
+  templates do: Llama 3.2 Vision's `<|image|>`): the blocks over the placeholder's tokens are
+  keyed with the image's identity, as vLLM keys them (its `extra_keys`).
+Before images had blocks of their own (ec7484d) the same run counted 609 and 597 wrong hits of
+2,000 (bench/results/api/multimodal-key-ec7484d.json). Nothing is sent: this measures the key
+function, not a fleet."""
 
 from __future__ import annotations
 
@@ -109,15 +112,15 @@ def matches(chains: list[list[int]]) -> list[int]:
     return out
 
 
-def compare(today: list[list[int]], truth: list[list[int]], block_tokens: float) -> dict[str, Any]:
-    got, true = matches(today), matches(truth)
+def compare(key: list[list[int]], truth: list[list[int]], block_tokens: float) -> dict[str, Any]:
+    got, true = matches(key), matches(truth)
     wrong = [(g, t) for g, t in zip(got, true, strict=True) if g > t]
     return {
-        "requests": len(today),
+        "requests": len(key),
         "wrong_hits": len(wrong),
-        "wrong_hit_share": round(len(wrong) / len(today), 4),
+        "wrong_hit_share": round(len(wrong) / len(key), 4),
         "tokens_claimed_wrongly": round(sum(g - t for g, t in wrong) * block_tokens),
-        "matched_blocks_today": sum(got),
+        "matched_blocks_key": sum(got),
         "matched_blocks_truth": sum(true),
     }
 
@@ -134,9 +137,10 @@ async def measure(count: int) -> dict[str, Any]:
     bt = core.keyer.sizing.block_tokens
     truth = [identity_messages(m, aligned=True) for m in requests]
     out["byte_mode"] = compare(await keys(settings, requests), await keys(settings, truth), bt)
-    img = next(p for p in requests[0][-1]["content"] if p["type"] == "image_url")
+    raw = json.dumps({"model": MODEL, "messages": requests[0], "max_tokens": 8}).encode()
+    span = parse_for_routing(raw, "chat", None, False, True)[0].media[0]
     out["byte_mode"]["image_tokens_estimated"] = round(
-        core.keyer.sizing.prompt_tokens(len(json.dumps(img))))
+        core.keyer.sizing.prompt_tokens(span.end - span.start))
     with tempfile.TemporaryDirectory(prefix="bench-mm-") as d:
         tok = tokenizer_dir(Path(d))
         settings = {"tokenizer": str(tok)}
@@ -152,7 +156,7 @@ async def measure(count: int) -> dict[str, Any]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("multimodal-key", help="wrong hits of today's key on chat with images")
+    p = sub.add_parser("multimodal-key", help="wrong hits of the router's key on chat with images")
     p.add_argument("--requests", type=int, default=2000)
     p.add_argument("--out", default=str(OUT), help="results folder")
 

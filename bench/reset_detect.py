@@ -38,10 +38,11 @@ PROFILE = "llama-3.1-70b-h100"
 REASONS = ("restart", "reset", "sleep", "wake", "shortfall")
 
 
-async def drops(http: aiohttp.ClientSession, router: str, backend: str) -> dict[str, float]:
-    """The router's drops of the backend's entries so far, by reason; `ejected`: 1 while it
-    is out of rotation (an ejection drops its entries too: backends.py)."""
-    async with http.get(router + "/metrics") as r:
+async def drops(http: aiohttp.ClientSession, metrics: str, backend: str) -> dict[str, float]:
+    """The router's drops of the backend's entries so far (`metrics`: its /metrics page), by
+    reason; `ejected`: 1 while it is out of rotation (an ejection drops its entries too:
+    backends.py)."""
+    async with http.get(metrics) as r:
         page = await r.text()
     out = {why: sample_sum(page, "prefix_router_engine_cache_drops_total", backend=backend,
                            reason=why) for why in REASONS}  # fmt: skip
@@ -85,13 +86,13 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         async with aiohttp.ClientSession() as http:
             await asyncio.sleep(a.seconds / 3)
             target = await busiest(http, sims)
-            before = await drops(http, router.url, target.url)
+            before = await drops(http, router.metrics, target.url)
             t0 = time.monotonic()
             await empty(fleet, http, target, a.event)
             detected, reason = None, None
             deadline = t0 + a.seconds
             while time.monotonic() < deadline:
-                now = await drops(http, router.url, target.url)
+                now = await drops(http, router.metrics, target.url)
                 fired = [why for why in (*REASONS, "ejected") if now[why] > before[why]]
                 if fired:
                     detected, reason = round(time.monotonic() - t0, 3), fired[0]

@@ -26,14 +26,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import redis.asyncio as aioredis
-
-from prefix_router.contract import EngineValues, StoreKeys
-
-from .harness.engines import fetch_stats
-from .harness.fleet import Fleet, Proc, free_port
-from .harness.loadgen import RunLog, run_load
-from .harness.stats import ms, percentile, ratio
+from .harness.deployment import Engines, published_values
+from .harness.fleet import Fleet, Proc
+from .harness.loadgen import run_load
+from .harness.stats import ratio
+from .harness.timeline import requests
 from .harness.workloads import system_prompts
 from .provenance import now_utc, stamp
 from .report import fmt, md_table
@@ -75,134 +72,42 @@ class Settings:
     seed: int = 5
 
 
-class Counters:
-    """Prompt and cached tokens of every engine process of the run, the stopped ones' last
-    counts included (a new process counts from zero)."""
-
-    def __init__(self) -> None:
-        self.done: dict[str, tuple[int, int]] = {}
-
-    async def totals(self, live: list[str]) -> tuple[int, int]:
-        stats = await fetch_stats(live)
-        p = sum(int(s["prompt_tokens"]) for s in stats) + sum(v[0] for v in self.done.values())
-        c = sum(int(s["cached_tokens"]) for s in stats) + sum(v[1] for v in self.done.values())
-        return p, c
-
-    async def retire(self, url: str) -> None:
-        (s,) = await fetch_stats([url])
-        self.done[url] = (int(s["prompt_tokens"]), int(s["cached_tokens"]))
-
-
-def write_backends(path: Path, urls: list[str]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(u + "\n" for u in urls))
-    tmp.replace(path)  # whole, never half a list
-
-
-async def engine_values(redis_url: str) -> dict[str, float]:
-    keys = StoreKeys(MODEL_KEY)
-    async with aioredis.from_url(redis_url, decode_responses=True) as r:
-        out: dict[str, float] = {}
-        async for k in r.scan_iter(match=keys.engine_values_prefix + "*"):
-            for url, v in EngineValues.from_hash(await r.hgetall(k)).values.items():
-                out[url] = out.get(url, 0.0) + v
-        return out
-
-
-async def drain(url: str, timeout: float) -> None:
-    """Until the engine runs and queues nothing (its requests in flight finished)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        (s,) = await fetch_stats([url])
-        if not s["running"] and not s["waiting"]:
-            return
-        await asyncio.sleep(0.2)
-
-
-async def rollout(fleet: Fleet, st: Strategy, s: Settings, live: list[Proc], backends: Path,
-                  counters: Counters, redis_url: str, rng: random.Random,
-                  events: list[dict[str, Any]], t0: float) -> None:
-    old = list(live)
-    n = 0
-
-    def note(what: str, url: str) -> None:
-        events.append({"t": round(time.perf_counter() - t0, 2), "event": what, "engine": url})
-
-    async def pick() -> Proc:
-        if st.order == "coldest":
-            values = await engine_values(redis_url)
-            chosen = min(old, key=lambda p: (values.get(p.url, 0.0), p.url))
-        else:
-            chosen = old[rng.randrange(len(old))]
-        old.remove(chosen)
-        return chosen
-
-    async def leave(count: int) -> None:
-        going = [await pick() for _ in range(min(count, len(old)))]
-        for p in going:
-            live.remove(p)
-            note("leave", p.url)
-        write_backends(backends, [p.url for p in live])
-        for p in going:
-            await drain(p.url, s.drain_timeout_s)
-            await counters.retire(p.url)
-            await fleet.stop(p)
-
-    async def join(count: int) -> None:
-        nonlocal n
-        new = [await fleet.start_sim(f"new{n + i}", model=MODEL, kv_capacity=s.kv_capacity_tokens,
-                                     profile=PROFILE, time_scale=1.0) for i in range(count)]
-        n += count
-        live.extend(new)
-        for p in new:
-            note("join", p.url)
-        write_backends(backends, [p.url for p in live])
-
-    while old:
-        await leave(st.unavailable)
-        await join(min(st.surge + st.unavailable, len(old) + st.unavailable))
-        await leave(st.surge)
-
-
-def window(log: RunLog, start: float, end: float) -> dict[str, Any]:
-    ok = [r for r in log.results if start <= r.sent_at < end]
-    ttfts = [r.ttft for r in ok if r.ok and r.ttft is not None]
-    return {"requests": len(ok), "errors": sum(not r.ok for r in ok),
-            "ttft_p50_ms": ms(percentile(ttfts, 50)), "ttft_p99_ms": ms(percentile(ttfts, 99))}
-
-
 async def one(st: Strategy, s: Settings, log_dir: Path) -> dict[str, Any]:
     rng = random.Random(s.seed)
     async with Fleet(log_dir / st.name) as fleet:
         redis_url = await fleet.start_redis()
-        live = [await fleet.start_sim(f"old{i}", model=MODEL, kv_capacity=s.kv_capacity_tokens,
-                                      profile=PROFILE, time_scale=1.0) for i in range(s.engines)]
-        backends = log_dir / st.name / "backends"
-        write_backends(backends, [p.url for p in live])
-        port = free_port()
-        router = await fleet.start("router", [
-            sys.executable, "-m", "prefix_router", "--host", "127.0.0.1", "--port", str(port),
-            "--policy", "prefix", "--kv-capacity-tokens", str(s.kv_capacity_tokens),
-            "--discovery", "file", "--backends-file", str(backends), "--store", "redis",
-            "--redis-url", redis_url, "--model-key", MODEL_KEY, "--log-level", "warning"],
-            port, "/readyz")
+
+        async def start(name: str) -> Proc:
+            return await fleet.start_sim(name, model=MODEL, kv_capacity=s.kv_capacity_tokens,
+                                         profile=PROFILE, time_scale=1.0)
+
+        engines = Engines(log_dir / st.name / "backends", start, fleet.stop, s.drain_timeout_s)
+        await engines.add([f"old{i}" for i in range(s.engines)])
+        router = await fleet.start_router(
+            "router", engines.backends, policy="prefix", kv_capacity=s.kv_capacity_tokens,
+            extra=["--store", "redis", "--redis-url", redis_url, "--model-key", MODEL_KEY])
         seconds = s.warm_s + s.steady_s + s.window_s + 30
         workload = system_prompts(int(s.rate * seconds * 1.5) + 50, seed=s.seed)
-        counters = Counters()
-        t0 = time.perf_counter()
+        t0 = engines.t0 = time.perf_counter()
+        engines.events.clear()
         load = asyncio.create_task(run_load(workload, [router.url], MODEL, s.rate, seconds,
                                             seed=s.seed, progress=False))
         marks: dict[str, tuple[float, tuple[int, int]]] = {}
 
         async def mark(name: str, at: float) -> None:
             await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
-            marks[name] = (time.perf_counter(), await counters.totals([p.url for p in live]))
+            marks[name] = (time.perf_counter(), await engines.totals())
+
+        async def pick(old: list[Proc]) -> Proc:
+            if st.order == "coldest":
+                values = await published_values(redis_url, MODEL_KEY)
+                return min(old, key=lambda p: (values.get(p.url, 0.0), p.url))
+            return old[rng.randrange(len(old))]
 
         await mark("steady_start", s.warm_s)
         await mark("steady_end", s.warm_s + s.steady_s)
-        events: list[dict[str, Any]] = []
         began = time.perf_counter()
-        await rollout(fleet, st, s, live, backends, counters, redis_url, rng, events, t0)
+        await engines.roll(st.surge, st.unavailable, pick)
         took = time.perf_counter() - began
         await mark("window_end", s.warm_s + s.steady_s + s.window_s)
         log = await load
@@ -212,15 +117,15 @@ async def one(st: Strategy, s: Settings, log_dir: Path) -> dict[str, Any]:
         return ratio(cb - ca, pb - pa)
 
     steady = {"hit_rate": hit("steady_start", "steady_end"),
-              **window(log, marks["steady_start"][0], marks["steady_end"][0])}
+              **requests(log.results, 0.0, marks["steady_start"][0], marks["steady_end"][0])}
     during = {"hit_rate": hit("steady_end", "window_end"),
-              **window(log, marks["steady_end"][0], marks["window_end"][0])}
+              **requests(log.results, 0.0, marks["steady_end"][0], marks["window_end"][0])}
     return {"strategy": asdict(st), "rollout_s": round(took, 1), "steady": steady,
             "during": during,
             "hit_ratio": ratio(during["hit_rate"], steady["hit_rate"], 3),
             "ttft_p50_ratio": ratio(during["ttft_p50_ms"], steady["ttft_p50_ms"], 3),
             "ttft_p99_ratio": ratio(during["ttft_p99_ms"], steady["ttft_p99_ms"], 3),
-            "errors": sum(not r.ok for r in log.results), "events": events}
+            "errors": sum(not r.ok for r in log.results), "events": engines.events}
 
 
 def report(r: dict[str, Any], out: Path) -> None:

@@ -449,6 +449,28 @@ SCENARIOS["agentic"] = Scenario(
                         "requests"), "agentic", workloads=("agentic",), setups=MODES,
     rates=(16.0,), seconds=90.0, kv_events=True, columns=DRIFT_COLUMNS, group_by=(),
     rules=DRIFT_RULES)
+# Issue 37: chat with images, each image its own blocks of the key (bench/results/multimodal/)
+SCENARIOS["multimodal"] = Scenario(
+    "multimodal", "issue 37: chat with images (some shared), image blocks keyed by the image",
+    "Chat with images: an image's blocks keyed by the image, as vLLM keys them",
+    "8 `engine-sim` replicas in vLLM's token mode (tiny tokenizer, cached tokens reported, KV "
+    "events), chat with images (workload `multimodal`: 8 system prompts, an image of 200 by "
+    "Zipf(1.1), 5 questions), the same requests for every router: `prefix` with its index "
+    "corrected by the cached tokens engines report (`prefix-corrected`) or fed by their KV "
+    "events (`prefix-events`), `prefix` on byte blocks (no tokenizer), round-robin for scale. "
+    "Oracle: one LRU cache as large as the fleet, its blocks keyed as the simulators' are",
+    "multimodal", workloads=("multimodal",),
+    setups=("prefix-events", "prefix-corrected", "prefix", "round-robin"), rates=(16.0,),
+    seconds=60.0, kv_events=True, columns=DRIFT_COLUMNS, group_by=(),
+    rules=(Rule("multimodal: events hit rate >= 0.95 x oracle", "engine_hit_rate",
+                {"router": "prefix-events"}, ">=", 0.95, over="oracle_hit_rate"),
+           Rule("multimodal: corrected hit rate >= 0.95 x oracle", "engine_hit_rate",
+                {"router": "prefix-corrected"}, ">=", 0.95, over="oracle_hit_rate"),
+           Rule("(shown) multimodal: byte blocks' hit rate / oracle", "engine_hit_rate",
+                {"router": "prefix"}, over="oracle_hit_rate"),
+           Rule("(shown) multimodal: round-robin's hit rate / oracle", "engine_hit_rate",
+                {"router": "round-robin"}, over="oracle_hit_rate")),
+    quick={"seconds": 20.0})
 SCENARIOS["drift"] = Scenario(
     "drift", "issue 22's drift set: every case in the three index modes (bench/results/drift)",
     "Engines that drift: the index fed by decisions, reported cached tokens, or KV events",

@@ -6,8 +6,11 @@ known; tenant A sends at a modest steady rate from the start, tenant B (another
 capacity, holds and ramps back. Every router meets the same arrivals (seeded). Per router:
 A's TTFT p99 alone and during B's hold, B's 429s and whether each carries Retry-After, 5xx
 and timeouts, and output tokens a second over the run. Ours runs with the dispatch queue
-(`prefix`) and without it (`prefix-noqueue`: the throughput ratio's denominator); the load
-balancers run without it, as they are elsewhere.
+(`prefix`: one slot in reserve, `prefix-reserve0`: none) and without it (`prefix-noqueue`: the
+throughput ratio's denominator); the load balancers run without it, as they are elsewhere.
+Every setup starts on engines drained and reset (the same prompts would otherwise hit the
+cache the previous setup left). `--setups NAME,key=value` adds router settings (dotted keys
+nest), e.g. `prefix,queue.reserve=2`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import aiohttp
 import yaml
 
 from .harness.anchors import ANCHORS, PACKAGES, missing
+from .harness.engines import settle
 from .harness.fleet import Fleet, Proc, free_port
 from .harness.stats import percentile
 from .provenance import now_utc, stamp
@@ -37,15 +41,18 @@ BAND_HEADER = "x-priority-band"
 
 # Our router: the queue holds what the engines' running slots cannot take at once (no queue at
 # the engines, so a release goes straight to a slot) and refuses after 10 s of waiting. `prefix`
-# is told the engines' slots (max_in_flight, as --max-num-seqs); `prefix-learned` learns them
-# from the engines' gauges.
+# is told the engines' slots (max_in_flight, as --max-num-seqs) and keeps one slot of the fleet
+# free for a tenant under its share (queue.reserve); `prefix-learned` learns the slots from the
+# engines' gauges.
 BANDS = [{"name": "high", "budget_s": 10.0}, {"name": "standard", "budget_s": 10.0},
          {"name": "sheddable", "budget_s": 5.0, "sheddable": True}]
+QUEUE = {"max_waiting": 0, "max_in_flight": 2, "bands": BANDS, "reserve": 1}
 SETUPS: dict[str, tuple[str, dict[str, Any]]] = {
-    "prefix": ("prefix", {"queue": {"max_waiting": 0, "max_in_flight": 2, "bands": BANDS}}),
-    "prefix-learned": ("prefix", {"queue": {"max_waiting": 0, "bands": BANDS}}),
+    "prefix": ("prefix", {"queue": QUEUE}),
+    "prefix-reserve0": ("prefix", {"queue": {**QUEUE, "reserve": 0}}),
+    "prefix-learned": ("prefix", {"queue": {**QUEUE, "max_in_flight": 0}}),
     # A's requests in the high band (the header a gateway sets), B's in the default one
-    "prefix-high": ("prefix", {"queue": {"max_waiting": 0, "max_in_flight": 2, "bands": BANDS}}),
+    "prefix-high": ("prefix", {"queue": QUEUE}),
     "prefix-noqueue": ("prefix", {"queue": {"enabled": False}}),
     "round-robin": ("round-robin", {"queue": {"enabled": False}}),
     "least-loaded": ("least-loaded", {"queue": {"enabled": False}}),
@@ -268,17 +275,20 @@ async def run(plan: Plan, setups: list[str], out: Path, command: str) -> dict[st
         plan = Plan(**{**asdict(plan), "capacity_rps": round(cap, 3)})
         print(f"fleet capacity: {cap:.2f} requests/s", flush=True)
         for name in setups:
-            policy, settings = SETUPS[name]
+            policy, settings = setup(name)
+            if not await settle(sims):  # drained, caches empty: no setup meets warm ones
+                print(f"{name}: the engines did not drain; their caches are kept", flush=True)
             if policy in ANCHORS:
                 router = await start_sglang(fleet, sims, plan)
             else:
-                cfg = logs / f"{name}.yaml"
+                cfg = logs / f"{name.replace('/', '_')}.yaml"
                 cfg.write_text(yaml.safe_dump(settings))
                 router = await fleet.start_router(name, sims, policy=policy,
                                                   kv_capacity=200_000,
                                                   extra=["--config", str(cfg)])
             t0 = time.perf_counter()
-            sent = await load(router.url, plan, "high" if name.endswith("-high") else None)
+            high = name.split(",", 1)[0].endswith("-high")
+            sent = await load(router.url, plan, "high" if high else None)
             seconds = time.perf_counter() - t0
             await fleet.stop(router)
             row = summarise(name, plan, sent, seconds)
@@ -287,7 +297,9 @@ async def run(plan: Plan, setups: list[str], out: Path, command: str) -> dict[st
             # [s into the run, tenant, status, TTFT s]: the plot's points, compact
             timelines[name] = [[round(s.at, 3), s.tenant, s.status,
                                 None if s.ttft is None else round(s.ttft, 4)] for s in sent]
-    ours = next(r for r in rows if r["router"] == "prefix")
+    # ours: `prefix` as declared, else the first of its variants run
+    ours = next((r for r in rows if r["router"] == "prefix"), None) or next(
+        r for r in rows if r["router"].split(",", 1)[0] == "prefix")
     rr = next((r for r in rows if r["router"] == "round-robin"), {})
     base = next((r for r in rows if r["router"] == "prefix-noqueue"), {})
     summary = {
@@ -301,7 +313,7 @@ async def run(plan: Plan, setups: list[str], out: Path, command: str) -> dict[st
             ours["hold_output_tokens_per_s"] / base["hold_output_tokens_per_s"], 3)
         if base.get("hold_output_tokens_per_s") else None,
     }
-    high = next((r for r in rows if r["router"] == "prefix-high"), {})
+    high = next((r for r in rows if r["router"].split(",", 1)[0] == "prefix-high"), {})
     summary["high_band_ttft_p99_ratio"] = high.get("quiet_ttft_p99_ratio")
     return {"summary": summary, "rows": rows, "plan": asdict(plan), "timelines": timelines,
             "date": now_utc(), **stamp(command)}
@@ -349,10 +361,33 @@ def report(result: dict[str, Any], out: Path) -> None:
     save_figure(plt, fig, out / "timeline.png")
 
 
+def setup(spec: str) -> tuple[str, dict[str, Any]]:
+    """A name in SETUPS, or `name,key=value,...`: more router settings (YAML values; dotted
+    keys nest)."""
+    name, *pairs = spec.split(",")
+    if name not in SETUPS:
+        raise argparse.ArgumentTypeError(f"unknown setup {name!r}; choose from {list(SETUPS)}")
+    policy, base = SETUPS[name]
+    if pairs and policy in ANCHORS:
+        raise argparse.ArgumentTypeError(f"{spec!r}: settings apply to our router only")
+    settings = json.loads(json.dumps(base))  # a deep copy
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"{spec!r}: settings are key=value")
+        *path, leaf = key.split(".")
+        node = settings
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    return policy, settings
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("tenants", help="a quiet tenant beside a flooding one (issue 39)")
     p.add_argument("--quick", action="store_true", help="shorter phases (about 5 minutes)")
-    p.add_argument("--setups", nargs="+", choices=list(SETUPS), default=list(SETUPS))
+    p.add_argument("--setups", nargs="+", metavar="SETUP", default=list(SETUPS),
+                   help=f"{', '.join(SETUPS)}, or NAME,key=value[,...] (router settings)")
     p.add_argument("--out", default="bench/results/tenants")
     p.add_argument("--json", help="also write the summary here")
     p.add_argument("--report", action="store_true", help="only rebuild the report")
@@ -364,6 +399,8 @@ def main(args: argparse.Namespace, command: str) -> None:
     if args.report:
         result = json.loads((out / "result.json").read_text())
     else:
+        for spec in args.setups:
+            setup(spec)  # refuse a bad one before anything starts
         plan = Plan(**(QUICK if args.quick else {}))
         result = asyncio.run(run(plan, list(args.setups), out, command))
         (out / "result.json").write_text(json.dumps(result) + "\n")

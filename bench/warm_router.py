@@ -40,9 +40,10 @@ from .runner import MODEL, TOKEN_SIM_ARGS, tiny_tokenizer
 PROFILE = "llama-3.1-70b-h100"
 
 
-async def counters(url: str) -> tuple[float, float]:
-    """(reported cached tokens, reported prompt tokens) of a router so far."""
-    async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
+async def counters(metrics: str) -> tuple[float, float]:
+    """(reported cached tokens, reported prompt tokens) of a router so far (`metrics`: its
+    /metrics page)."""
+    async with aiohttp.ClientSession() as s, s.get(metrics) as r:
         page = await r.text()
     return (sample_sum(page, "prefix_router_reported_cached_tokens_total"),
             sample_sum(page, "prefix_router_reported_prompt_tokens_total"))
@@ -84,13 +85,13 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         new = await start_router(fleet, "new", sims, kv, a.mode, redis, warm=True)
         cold = await start_router(fleet, "cold", sims, kv, a.mode, redis, warm=False)
         routers = {"old": old, "new": new, "cold": cold}
-        before = {k: await counters(p.url) for k, p in routers.items()}
+        before = {k: await counters(p.metrics) for k, p in routers.items()}
         used = max((x.session for x in first.results), default=-1) + 1  # sessions started
         rest = Workload(wl.name, wl.sessions[used:], wl.working_set_tokens)
         print(f"old, new and cold round-robin for {a.window_s:g}s", flush=True)
         second = await run_load(rest, [p.url for p in routers.values()], MODEL, a.rate,
                                 a.window_s, seed=8, progress=False)
-        after = {k: await counters(p.url) for k, p in routers.items()}
+        after = {k: await counters(p.metrics) for k, p in routers.items()}
     hit = {}
     for k in routers:
         cached, prompt = (after[k][i] - before[k][i] for i in (0, 1))

@@ -105,14 +105,18 @@ class Fleet:
             p.events = f"{pub},{replay}"
         return p
 
-    async def start_router(self, name: str, backends: list[str], *, policy: str,
+    async def start_router(self, name: str, backends: list[str] | Path, *, policy: str,
                            kv_capacity: int, extra: list[str] | None = None,
                            env: dict[str, str] | None = None) -> Proc:
+        """Our router on `backends`: a list, or a file it re-reads (file discovery, so engines
+        can come and go)."""
         port, metrics = free_port(), free_port()
+        where = (["--discovery", "file", "--backends-file", str(backends)]
+                 if isinstance(backends, Path) else ["--backend", ",".join(backends)])
         args = [sys.executable, "-m", "prefix_router", "--host", "127.0.0.1", "--port", str(port),
                 "--metrics-port", str(metrics),
                 "--policy", policy, "--kv-capacity-tokens", str(kv_capacity),
-                "--backend", ",".join(backends), "--log-level", "warning", *(extra or [])]
+                *where, "--log-level", "warning", *(extra or [])]
         p = await self.start(name, args, port, "/readyz", env=env)
         p.metrics = f"http://127.0.0.1:{metrics}/metrics"
         return p

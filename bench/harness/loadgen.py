@@ -177,13 +177,19 @@ async def run_load(workload: Workload, targets: list[str], model: str, rate: flo
                    seconds: float, *, seed: int = 7, request_timeout: float = 300.0,
                    drain_timeout: float = 120.0, progress: bool = True,
                    session_header: str | None = None, session_id_offset: int = 0,
-                   api: str = "chat", shape: Shape | None = None) -> RunLog:
+                   api: str = "chat", shape: Shape | None = None,
+                   stop: asyncio.Event | None = None) -> RunLog:
     """Send `workload` at `rate` requests/s (times the `shape`) for `seconds`, round-robin over
     `targets` a request as a Service spreads connections; `session_header`: one id a session
-    (its index + `session_id_offset`); `api` "completions": the rendered prompt."""
+    (its index + `session_id_offset`); `api` "completions": the rendered prompt. `targets` is
+    read at each request, so the caller may change it meanwhile (a Service's endpoints);
+    `stop` set: no new session starts (those under way finish)."""
     log = RunLog()
     starts = session_starts(workload, rate, seconds, seed, shape)
-    next_target = itertools.cycle(targets)
+    turn = itertools.count()
+
+    def next_target() -> str:
+        return targets[next(turn) % len(targets)]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
 
         async def conversation(idx: int, s: Session) -> None:
@@ -197,7 +203,7 @@ async def run_load(workload: Workload, targets: list[str], model: str, rate: flo
                 log.sent.append(msgs)
                 log.tools.append(s.tools)
                 log.answers.append("")
-                res, answer = await _one(http, next(next_target), model, msgs, turn.max_tokens,
+                res, answer = await _one(http, next_target(), model, msgs, turn.max_tokens,
                                          request_timeout, hdrs, api, s.tools)
                 res.session, res.turn = idx, t
                 log.results.append(res)
@@ -212,6 +218,8 @@ async def run_load(workload: Workload, targets: list[str], model: str, rate: flo
             delay = log.started + at - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
+            if stop is not None and stop.is_set():
+                break
             log.planned += len(s.turns)
             tasks.append(asyncio.create_task(conversation(idx, s)))
             if progress and (now := time.perf_counter()) - last_report > 10:

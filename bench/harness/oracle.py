@@ -7,6 +7,7 @@ from engine_sim.chat import render_chat
 from engine_sim.hf_tokenizer import ChatTokenizer
 from engine_sim.kvcache import PrefixCache
 from engine_sim.tokenizer import count_tokens, token_ids_to_bytes
+from prefix_router.prompt import MultiModalPart
 
 
 def oracle_hit_rate(sent: Iterable[list[dict[str, Any]]], capacity_tokens: int,
@@ -19,14 +20,16 @@ def oracle_hit_rate(sent: Iterable[list[dict[str, Any]]], capacity_tokens: int,
     the tools request i was sent with."""
     cache = PrefixCache(capacity_tokens, block_size)
     prompt = cached = 0
+    mm: tuple[MultiModalPart, ...] = ()
     for i, msgs in enumerate(sent):
         text = answers[i] if i < len(answers) else ""
         given = tools[i] if i < len(tools) else None
         if tokenizer is None:
             seq, answer = render_chat(msgs, given).encode(), text.encode()
         else:  # 4 bytes a token id: the byte cache then keys blocks of ids
-            seq = token_ids_to_bytes(tokenizer.chat_ids(msgs, given))
+            p = tokenizer.prompt("chat", {"messages": msgs, "tools": given})
+            seq, mm = token_ids_to_bytes(p.token_ids), p.mm  # blocks over an image: its hash
             answer = token_ids_to_bytes(tokenizer.encode(text)[:-1])
         prompt += count_tokens(seq)
-        cached += cache.access(seq, answer)
+        cached += cache.access(seq, answer, mm)
     return cached / prompt if prompt else 0.0

@@ -82,6 +82,7 @@ class QueueSpec(_Spec):
 
     max_in_flight: int = 0
     max_waiting: int = 4
+    reserve: int = 0
     tenants: dict[str, TenantSpec] = Field(default_factory=dict)
 
 

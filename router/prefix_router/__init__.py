@@ -6,6 +6,9 @@ Glossary: words that carry one meaning each across the package.
                `block_bytes` of canonical prompt (without); engines cache whole blocks only.
   chain, key   a prompt's chained block hashes (prefix.py): hash i names blocks 0..i, so a
                chain's leading run is a prefix. The key is the chain with its seed and size.
+  media item   an image, audio or video part of a chat: a span of the prompt (its placeholder's
+               tokens, or its record in the canonical bytes) and an identity (the hash of its
+               URL or data); every block over the span is keyed with it, as vLLM keys it.
   match        how many leading blocks of a chain a backend holds, as the index tells it.
   hold         a request's chain while it is in flight (sent, its engine not yet answered):
                requests right behind it follow it. Released at its first 2xx byte or its end.

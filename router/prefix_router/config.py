@@ -179,6 +179,16 @@ class QueueSettings(_Strict):
     # waiting queue was not empty (its /metrics gauges), or `max_in_flight` when set.
     max_waiting: int = Field(default=4, ge=0)
     max_in_flight: int = Field(default=0, ge=0)  # 0: learned from the engine's gauges
+    # Engine slots kept free while the fleet is saturated and a tenant under its fair share
+    # (or a band above one waiting) is active: a tenant over its share is released only
+    # beyond them, so the under-share one's next request starts at once instead of waiting
+    # for a slot to free. Each costs up to a slot's throughput (bench/results/tenants).
+    reserve: int = Field(default=0, ge=0)
+    # A queued request whose prefix an engine holds waits up to this long for one of the
+    # engines holding its longest prefix to have room (others with room meanwhile take the
+    # requests behind it); after it, any engine with room. 0: the first engine with room,
+    # a miss wherever its prefix is held (bench/results/tenants/late-binding).
+    owner_wait_s: float = Field(default=2.0, ge=0)
     # Bounds of what waits: beyond either a request is refused (429) at once.
     max_requests: int = Field(default=10_000, ge=1)
     max_bytes: int = Field(default=256 * 2**20, ge=1024)
@@ -254,6 +264,10 @@ class RouterSettings(_Strict):
     # the cached tokens engines report what each really holds (index/learning.py); `events`
     # adds the engines' KV events; `approx` is the decisions alone (for comparison).
     index: Literal["approx", "corrected", "events"] = "corrected"
+    # An engine that leaves hands each prefix only it held to one successor, its rendezvous
+    # heir (fleet_value.py), so the prefix's followers meet there. Off only to measure what
+    # the handoff is worth (bench lifecycle's scale-down without it).
+    handoff: bool = True
     # The prefix index's memory, whatever the capacity setting and whatever clients send:
     # past it the largest backends' oldest entries go (about 200 bytes an entry).
     index_memory_mb: float = Field(default=192.0, ge=1)

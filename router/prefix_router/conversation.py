@@ -86,6 +86,21 @@ def _identity(part: Mapping[str, Any], url: Any) -> str:
     return hashlib.sha256(data.encode()).hexdigest()
 
 
+def media_of(part: Any) -> tuple[str, str] | None:
+    """(modality, identity) of a content part vLLM takes as a media item, as the chat's
+    rendering names it; None for any other part (text, or what the engine refuses)."""
+    try:
+        kind, url, raw = _part(part, "content")
+    except PromptError:
+        return None
+    if kind not in _MODALITIES:
+        return None
+    return kind, _identity(raw, url)
+
+
+_MODALITIES = frozenset(_MEDIA_PARTS.values())
+
+
 class _Media:
     """The request's media items in order and each modality's placeholder."""
 

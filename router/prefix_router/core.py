@@ -72,17 +72,22 @@ class RouterCore:
         def candidates() -> list[str]:
             return [b.url for b in eligible(self.backends, models, parsed.model)]
 
-        tokens = self.keyer.sizing.prompt_tokens(len(parsed.canonical))
-        ticket = await self.dispatch.admit(candidates, headers, tokens, parsed.body, size,
-                                           [b.url for b in backends])
+        # keyed before it may wait: a queued request waits for the engines holding its prefix
+        key = await self.keyer.key(parsed, backends)
+        keyed = time.perf_counter() - arrived
+
+        async def owners() -> list[str]:
+            return await self.scheduler.owners(parsed.model, key)
+
+        ticket = await self.dispatch.admit(candidates, headers, key.prompt_tokens, parsed.body,
+                                           size, [b.url for b in backends], owners)  # fmt: skip
         try:
-            started = time.perf_counter()
+            started = time.perf_counter() - keyed  # the router's own time: the wait left out
             if ticket.waited:
                 self.metrics.queue_wait.observe(ticket.waited)
                 backends = eligible(self.backends, models, parsed.model)  # as they are now
             # never to a saturated engine while another has room (all: none saturated)
             backends = self.dispatch.with_room(backends)
-            key = await self.keyer.key(parsed, backends)
             named = self._session(parsed, headers)
             decision = await self.scheduler.route(
                 parsed.model, key, backends, parsed.canonical, named
@@ -177,7 +182,8 @@ def build_core(
         remember_response=responses.remember,
         evidence=states.answered,
     )
-    backends.on_leaving(lambda url: hand_off(fleet, index, backends, url))
+    if s.handoff:
+        backends.on_leaving(lambda url: hand_off(fleet, index, backends, url))
     backends.on_gone(fleet.forget)
     backends.on_gone(index.drop_backend)
     backends.on_gone(states.forget)  # a replacement starts a new baseline

@@ -2,8 +2,9 @@
 
 With the model's tokenizer a block is the engine's own block of token ids, its prompt built
 as vLLM builds it (prompt.py, conversation.py); without it, a block of the canonical prompt's
-bytes (sizing.py). A prompt longer than the engines take is refused here, before any work on
-the index.
+bytes (sizing.py). A media item (an image) is keyed as vLLM keys it: every block over its
+placeholder's tokens (its marker's bytes, without a tokenizer) carries its identity (prefix.py).
+A prompt longer than the engines take is refused here, before any work on the index.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from .backends import Backend
 from .errors import RequestError
 from .offload import Offload
 from .parsing import ParsedRequest, next_turn_canonical
-from .prefix import block_hashes, chain_seed, extend_hashes
-from .prompt import Prompt, PromptError
+from .prefix import Media, block_hashes, chain_seed, extend_hashes
+from .prompt import Prompt, PromptError, token_media
 from .sizing import Sizing
 
 if TYPE_CHECKING:
@@ -30,6 +31,7 @@ class Key:
     hashes: list[int]  # chained block hashes of the prompt
     prompt_tokens: float  # engine tokens of the prompt (estimated with byte blocks)
     prompt: Prompt | None = None  # what the engine runs (None: a pinned request, unkeyed)
+    media: tuple[Media, ...] = ()  # the media items' spans in canonical bytes (byte blocks)
 
 
 class Keyer:
@@ -84,12 +86,15 @@ class Keyer:
                 param="messages" if parsed.kind == "chat" else "prompt",
                 code="context_length_exceeded",
             )
-        hashes = block_hashes(prompt.canonical, sizing.block_bytes, seed)
-        return Key(seed, hashes, tokens, prompt)
+        media = token_media(prompt) if prompt.exact else parsed.media
+        hashes = block_hashes(prompt.canonical, sizing.block_bytes, seed, media=media)
+        return Key(seed, hashes, tokens, prompt, () if prompt.exact else media)
 
     def next_turn(self, key: Key, answer: str) -> list[int]:
         """The chain the conversation's next turn starts with: the prompt, then the answer."""
         if key.prompt is None:
             return key.hashes
-        canonical = key.prompt.next_turn(answer).canonical
-        return extend_hashes(key.hashes, canonical, self.sizing.block_bytes, key.seed)
+        nxt = key.prompt.next_turn(answer)
+        # byte blocks: the next turn's bytes start with this prompt's, its media spans too
+        media = token_media(nxt) if nxt.exact else key.media
+        return extend_hashes(key.hashes, nxt.canonical, self.sizing.block_bytes, key.seed, media)

@@ -16,8 +16,9 @@ from typing import Any, Literal
 
 import msgspec
 
-from .conversation import PromptError
+from .conversation import PromptError, media_of
 from .errors import RequestError
+from .prefix import Media
 from .responses_chat import responses_chat
 
 Kind = Literal["completions", "chat", "responses"]
@@ -56,13 +57,16 @@ class ParsedRequest:
     # a Responses API request (its prompt keyed as the chat it is, `kind` "chat"):
     # previous_response_id, store, background as the client gave them
     responses: dict[str, Any] | None = None
+    media: tuple[Media, ...] = ()  # the media parts' spans in `canonical` (chat)
 
 
 def _dumps(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def _content_bytes(content: Any, where: str) -> bytes:
+def _content_bytes(content: Any, where: str, at: int, media: list[Media]) -> bytes:
+    """`at`: where these bytes start in the canonical prompt; each media part's span is added
+    to `media`."""
     if content is None:
         return b""
     if isinstance(content, str):
@@ -76,8 +80,14 @@ def _content_bytes(content: Any, where: str) -> bytes:
                 ptype = part.get("type")
                 if ptype in _TEXT_PARTS and isinstance(part.get("text"), str):
                     out += _PART + b"text" + _FIELD + part["text"].encode()
+                elif (item := media_of(part)) is not None:
+                    # an image (audio, video) is its identity, not its base64 text: the blocks
+                    # over its span are keyed with it (prefix.py), as vLLM keys them
+                    start = at + len(out)
+                    out += _PART + item[0].encode() + _FIELD + item[1].encode()
+                    media.append(Media(start, at + len(out), item[1]))
                 else:
-                    # Images, audio, files: their serialised form is what identifies them.
+                    # other parts (files, ...): their serialised form is what identifies them
                     out += _PART + _dumps(part)
             else:
                 raise RequestError(400, f"{where}.content[{i}] must be a string or an object")
@@ -85,7 +95,10 @@ def _content_bytes(content: Any, where: str) -> bytes:
     raise RequestError(400, f"{where}.content must be a string or a list of content parts")
 
 
-def canonical_chat(messages: list[Any], tools: Any = None) -> bytes:
+def canonical_chat(messages: list[Any], tools: Any = None,
+                   media: list[Media] | None = None) -> bytes:
+    """`media`: where the media parts' spans go (see prefix.py), in order."""
+    spans: list[Media] = [] if media is None else media
     out = bytearray()
     if tools:
         out += _TOOLS + _dumps(tools)
@@ -96,7 +109,8 @@ def canonical_chat(messages: list[Any], tools: Any = None) -> bytes:
         role = msg.get("role")
         if not isinstance(role, str) or not role:
             raise RequestError(400, f"{where}.role is required", param="messages")
-        out += _MSG + role.encode() + _FIELD + _content_bytes(msg.get("content"), where)
+        out += _MSG + role.encode() + _FIELD
+        out += _content_bytes(msg.get("content"), where, len(out), spans)
         for extra in ("name", "tool_calls", "tool_call_id"):
             if extra in msg and msg[extra] is not None:
                 out += _FIELD + extra.encode() + _FIELD + _dumps(msg[extra])
@@ -209,6 +223,7 @@ def _parse_body(
     if not isinstance(stream, bool):
         raise RequestError(400, "'stream' must be a boolean", param="stream")
     responses = None
+    media: list[Media] = []
     if kind == "responses":
         try:
             chat = responses_chat(body)
@@ -222,7 +237,7 @@ def _parse_body(
                      "background": body.get("background") is True, "body": body}  # fmt: skip
         # the tokenizer renders the chat this request is; the engine gets the body as sent
         body = {**body, **chat}
-        canonical = canonical_chat(chat["messages"], chat["tools"])
+        canonical = canonical_chat(chat["messages"], chat["tools"], media)
         kind = "chat"
     elif kind == "chat":
         messages = body.get("messages")
@@ -233,7 +248,7 @@ def _parse_body(
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
             raise RequestError(400, "'tools' must be a list", param="tools")
-        canonical = canonical_chat(messages, tools)
+        canonical = canonical_chat(messages, tools, media)
     else:
         if "prompt" not in body or body["prompt"] in (None, "", []):
             raise RequestError(400, "'prompt' is required", param="prompt")
@@ -256,6 +271,7 @@ def _parse_body(
         cache_salt=salt,
         include_usage=include_usage,
         responses=responses,
+        media=tuple(media),
     )
 
 

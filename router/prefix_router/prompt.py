@@ -43,6 +43,7 @@ from .conversation import (
     conversation,
     tool_dicts,
 )
+from .prefix import Media
 from .responses_chat import responses_chat
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ def token_bytes(ids: list[int]) -> bytes:
 class MultiModalPart:
     """A media item in the prompt: where its placeholder's tokens are (`offset` into the
     token ids, -1 where the template did not write the placeholder) and what identifies its
-    content (as vLLM's mm hashes do; the key scheme for them is a later issue's)."""
+    content (as vLLM's mm hashes do): the blocks over the placeholder are keyed with it."""
 
     modality: str
     offset: int
@@ -123,6 +124,13 @@ class Prompt:
         if self.continuation is None:
             return self  # token ids given: the answer's ids are not known
         return self.continuation(answer)
+
+
+def token_media(prompt: Prompt) -> tuple[Media, ...]:
+    """The prompt's media items as spans of its canonical bytes (4 a token id), for the key:
+    an item the template did not write (no placeholder) has no tokens to key."""
+    return tuple(Media(p.offset * 4, (p.offset + p.length) * 4, p.hash)
+                 for p in prompt.mm if p.offset >= 0 and p.length > 0)  # fmt: skip
 
 
 class Encoder:

@@ -33,6 +33,8 @@ from .sequences import ByteSequences, LoRA, TokenSequences, extra_keys
 from .tokenizer import BYTES_PER_TOKEN, count_tokens
 
 if TYPE_CHECKING:
+    from prefix_router.prompt import MultiModalPart
+
     from .kvevents import KVEventPublisher
 
 PREEMPTION = ("off", "recompute")
@@ -44,6 +46,7 @@ class Request:
     max_tokens: int
     seed: int
     ids: list[int] | None = None  # the prompt's token ids, with a real tokenizer
+    mm: tuple[MultiModalPart, ...] = ()  # its media items (placeholder tokens and hash)
     lora: LoRA | None = None
     salt: str | None = None
     prompt_tokens: int = 0
@@ -212,8 +215,10 @@ class Engine:
         ids: list[int] | None = None,
         lora: LoRA | None = None,
         salt: str | None = None,
+        mm: tuple[MultiModalPart, ...] = (),
     ) -> Request:
-        r = Request(prompt=prompt, max_tokens=max_tokens, seed=seed, ids=ids, lora=lora, salt=salt)
+        r = Request(prompt=prompt, max_tokens=max_tokens, seed=seed, ids=ids, lora=lora, salt=salt,
+                    mm=mm)
         r.prompt_tokens = len(ids) if ids is not None else count_tokens(prompt)
         r.hashes = self.seqs.prompt_hashes(r)
         # Blocks held now: the prompt and room for the first output token. Decode blocks are
@@ -259,7 +264,7 @@ class Engine:
                 self.seqs.block_ids(r, first, last),
                 lora_id=r.lora.id if r.lora else None,
                 lora_name=r.lora.name if r.lora else None,
-                extra_keys=extra_keys(r, first, last),
+                extra_keys=extra_keys(r, first, last, self.block_size),
                 **(window if group else {}),
             )
             i = j + 1

@@ -18,17 +18,21 @@ from __future__ import annotations
 import os
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import xxhash
 
 from .tokenizer import BYTES_PER_TOKEN
 
+if TYPE_CHECKING:
+    from prefix_router.prompt import MultiModalPart
+
 _xxh = xxhash.xxh3_64_intdigest
 _xxh128 = xxhash.xxh3_128_intdigest
 
 
-def block_hashes(seq: bytes, block_size: int, limit: int | None = None, seed: int = 0) -> list[int]:
+def _block_hashes(seq: bytes, block_size: int, limit: int | None, seed: int) -> list[int]:
     step = block_size * BYTES_PER_TOKEN
     n = len(seq) // step
     if limit is not None:
@@ -39,6 +43,40 @@ def block_hashes(seq: bytes, block_size: int, limit: int | None = None, seed: in
         h = _xxh(seq[pos : pos + step], h)
         out.append(h)
     return out
+
+
+def mm_keys(mm: Sequence[MultiModalPart], start: int, end: int) -> list[tuple[str, int]]:
+    """vLLM's multimodal extra keys of the block of tokens [start, end): (the item's hash, its
+    first token's offset from the block's) for each item whose placeholder tokens the block
+    overlaps, in prompt order (vllm/v1/core/kv_cache_utils.py `_gen_mm_extra_hash_keys`)."""
+    return [(m.hash, m.offset - start) for m in mm
+            if m.length > 0 and m.offset < end and m.offset + m.length > start]  # fmt: skip
+
+
+def block_hashes(seq: bytes, block_size: int, limit: int | None = None, seed: int = 0,
+                 mm: Sequence[MultiModalPart] = ()) -> list[int]:
+    """The byte cache's chain (4 bytes a token); a block over a media item's tokens keyed
+    with its hash, as TokenBlockHasher keys it."""
+    if not mm:
+        return _block_hashes(seq, block_size, limit, seed)
+    step = block_size * BYTES_PER_TOKEN
+    n = len(seq) // step if limit is None else min(len(seq) // step, limit)
+    media = _mm_by_block(mm, block_size)
+    out = []
+    h = seed
+    for i in range(n):
+        block = seq[i * step : (i + 1) * step]
+        h = _xxh(block + media[i] if i in media else block, h)
+        out.append(h)
+    return out
+
+
+def _mm_by_block(mm: Sequence[MultiModalPart], b: int) -> dict[int, bytes]:
+    """The media keys of each block of `b` tokens over an item (block index -> bytes)."""
+    blocks = {i for m in mm if m.length > 0
+              for i in range(m.offset // b, (m.offset + m.length - 1) // b + 1)}  # fmt: skip
+    return {i: b"".join(b"\x00mm\x00" + h.encode() + b"\x00" + str(at).encode()
+                        for h, at in mm_keys(mm, i * b, (i + 1) * b)) for i in blocks}
 
 
 class TokenBlockHasher:
@@ -58,14 +96,19 @@ class TokenBlockHasher:
         ids: list[int],
         lora: str | None = None,
         salt: str | None = None,
+        mm: Sequence[MultiModalPart] = (),
     ) -> list[int]:
-        """`hashes` (a chain over a prefix of `ids`) extended to every full block of `ids`."""
+        """`hashes` (a chain over a prefix of `ids`) extended to every full block of `ids`;
+        a block over a media item's placeholder tokens (`mm`) keyed with the item's hash."""
         b = self.block_size
         out = hashes[: len(ids) // b]
         h = out[-1] if out else self.root
         every = b"\x00lora\x00" + lora.encode() if lora else b""
+        media = _mm_by_block(mm, b) if mm else {}
         for i in range(len(out), len(ids) // b):
-            extra = every + (b"\x00salt\x00" + salt.encode() if i == 0 and salt else b"")
+            extra = every + media[i] if i in media else every
+            if i == 0 and salt:
+                extra += b"\x00salt\x00" + salt.encode()
             h = _xxh128(
                 h.to_bytes(16, "big") + array("I", ids[i * b : (i + 1) * b]).tobytes() + extra
             )
@@ -252,14 +295,14 @@ class PrefixCache:
             self._make_room(0)
 
     # -- offline use ------------------------------------------------------------------------
-    def access(self, seq: bytes, output: bytes = b"") -> int:
+    def access(self, seq: bytes, output: bytes = b"", mm: Sequence[MultiModalPart] = ()) -> int:
         """One-shot use by an idealised sequential engine: returns the cached tokens of the
         prompt `seq`, then holds every full block of `seq + output` (most recent, the chain's
         head last), as the engine caches a finished request's generated blocks too; then evicts
-        LRU blocks, as release() does. No reference kept."""
+        LRU blocks, as release() does. No reference kept. `mm`: the prompt's media items."""
         tokens = -(-len(seq) // BYTES_PER_TOKEN)
         # the prompt's blocks lead the chain, and match() stops before its last token
-        hashes = block_hashes(seq + output, self.block_size)
+        hashes = block_hashes(seq + output, self.block_size, mm=mm)
         hit = self.match(hashes, tokens)
         ref = self._ref
         free = self._free

@@ -128,7 +128,7 @@ def _inputs(app: web.Application, body: dict[str, Any]) -> list[Prompt]:
     them) or `messages` (one chat, rendered without the generation prompt)."""
     if "messages" in body:
         chat = {**body, "add_generation_prompt": body.get("add_generation_prompt", False)}
-        prompt, ids, _ = prompt_of(app, chat, chat=True)
+        prompt, ids, _, _ = prompt_of(app, chat, chat=True)
         if ids is not None:
             return [Prompt(ids, ids)]
         return [Prompt(tokenize_bytes(prompt), _windows(prompt))]

@@ -24,6 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from prefix_router.conversation import PromptError
+from prefix_router.prompt import MultiModalPart
 from prefix_router.responses_chat import responses_chat
 
 from .engine import Request
@@ -69,6 +70,7 @@ class Plan:
     background: bool
     store: bool
     created: int = field(default_factory=lambda: int(time.time()))
+    mm: tuple[MultiModalPart, ...] = ()  # the prompt's media items (token mode)
 
 
 def _response(plan: Plan, status: str, output: list[Any], usage: Any) -> dict[str, Any]:
@@ -182,7 +184,7 @@ def _plan(request: web.Request, body: dict[str, Any]) -> Plan:
     except PromptError as e:
         raise BadRequest(str(e), param=e.param) from None
     messages = chat["messages"]
-    prompt, ids, ptoks = prompt_of(app, chat, chat=True)
+    prompt, ids, ptoks, mm = prompt_of(app, chat, chat=True)
     limit = app[CONF]["max_model_len"]
     if ptoks >= limit:
         raise BadRequest(
@@ -207,6 +209,7 @@ def _plan(request: web.Request, body: dict[str, Any]) -> Plan:
         stream=stream,
         background=background,
         store=store,
+        mm=mm,
     )
 
 
@@ -261,7 +264,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     app = request.app
     body = await _body(request)
     plan = _plan(request, body)
-    r = submit(app, body, plan.model, plan.prompt, plan.ids, plan.max_tokens)
+    r = submit(app, body, plan.model, plan.prompt, plan.ids, plan.max_tokens, plan.mm)
     store = app[STORE]
     if plan.background:
         return await _background(request, plan, r, store)

@@ -3,8 +3,9 @@
 - `ByteSequences` (the default): 4 bytes a token (tokenizer.py); blocks are hashed over the
   prompt's bytes; output tokens are 4-byte pseudo-words.
 - `TokenSequences` (`--tokenizer DIR`): the prompt is real token ids; blocks are hashed over
-  ids with the engine's own salted chain (kvcache.TokenBlockHasher), LoRA name and cache salt
-  as extra keys, as vLLM's are; output tokens are words of the vocabulary chosen so the answer
+  ids with the engine's own salted chain (kvcache.TokenBlockHasher), LoRA name, cache salt
+  and the prompt's media items (an image's hash on the blocks over its placeholder tokens) as
+  extra keys, as vLLM's are; output tokens are words of the vocabulary chosen so the answer
   re-tokenizes to the very same ids (the next turn's prompt then holds them, as with a model
   whose output is canonically tokenized).
 
@@ -17,11 +18,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import xxhash
 
-from .kvcache import TokenBlockHasher, block_hashes
+from .kvcache import TokenBlockHasher, block_hashes, mm_keys
 from .tokenizer import BYTES_PER_TOKEN, tokenize_bytes
 
 if TYPE_CHECKING:
@@ -46,14 +47,19 @@ class LoRA:
     path: str
 
 
-def extra_keys(r: Request, first: int, last: int) -> list[tuple[str, ...] | None] | None:
-    """vLLM's event extra keys for blocks [first, last): the LoRA name on every block, the
-    cache salt on block 0; None when the request has neither."""
-    if r.lora is None and not r.salt:
+def extra_keys(r: Request, first: int, last: int, b: int) -> list[tuple[Any, ...] | None] | None:
+    """vLLM's event extra keys for blocks [first, last), in its order: the LoRA name on every
+    block, the media items the block overlaps ((hash, offset from the block's first token)),
+    the cache salt on block 0; None when the request has none of them. `b`: the block size."""
+    if r.lora is None and not r.salt and not r.mm:
         return None
-    out: list[tuple[str, ...] | None] = []
+    out: list[tuple[Any, ...] | None] = []
     for i in range(first, last):
-        keys = ((r.lora.name,) if r.lora else ()) + ((r.salt,) if i == 0 and r.salt else ())
+        keys: tuple[Any, ...] = (r.lora.name,) if r.lora else ()
+        if r.mm:
+            keys += tuple(mm_keys(r.mm, i * b, (i + 1) * b))
+        if i == 0 and r.salt:
+            keys += (r.salt,)
         out.append(keys or None)
     return out
 
@@ -95,11 +101,11 @@ class TokenSequences:
         self._words = _output_words(tokenizer)
 
     def _extend(self, r: Request, ids: list[int]) -> list[int]:
-        return self.hasher.extend(r.hashes, ids, r.lora.name if r.lora else None, r.salt)
+        return self.hasher.extend(r.hashes, ids, r.lora.name if r.lora else None, r.salt, r.mm)
 
     def prompt_hashes(self, r: Request) -> list[int]:
         assert r.ids is not None
-        return self.hasher.extend([], r.ids, r.lora.name if r.lora else None, r.salt)
+        return self.hasher.extend([], r.ids, r.lora.name if r.lora else None, r.salt, r.mm)
 
     def final_hashes(self, r: Request) -> list[int]:
         # the last sampled token was never fed back, so its KV was never computed

@@ -11,13 +11,14 @@ import json
 import time
 import uuid
 from array import array
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import xxhash
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from prefix_router.conversation import PromptError
+from prefix_router.prompt import MultiModalPart
 
 from .chat import render_chat
 from .engine import Engine, Request
@@ -138,14 +139,26 @@ def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
 
 
 def _prompt_ids(body: dict[str, Any], chat: bool, tok: ChatTokenizer) -> list[int]:
-    """The prompt's token ids as vLLM makes them: a chat through the prompt module shared with
-    the router (prefix_router.prompt), a text prompt encoded with special tokens."""
+    return _prompt_tokens(body, chat, tok)[0]
+
+
+def _prompt_tokens(
+    body: dict[str, Any], chat: bool, tok: ChatTokenizer
+) -> tuple[list[int], tuple[MultiModalPart, ...]]:
+    """The prompt's token ids as vLLM makes them, and its media items: a chat through the
+    prompt module shared with the router (prefix_router.prompt), a text prompt encoded with
+    special tokens."""
     if chat:
         _chat_args(body)
         try:
-            return tok.prompt("chat", body).token_ids
+            p = tok.prompt("chat", body)
         except PromptError as e:
             raise BadRequest(str(e), param=e.param) from None
+        return p.token_ids, p.mm
+    return _completion_ids(body, tok), ()
+
+
+def _completion_ids(body: dict[str, Any], tok: ChatTokenizer) -> list[int]:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
@@ -214,18 +227,25 @@ def _lora_and_salt(app: web.Application, body: dict[str, Any], model: str):
     return app[CONF]["loras"].get(model), salt
 
 
-def prompt_of(
-    app: web.Application, body: dict[str, Any], chat: bool
-) -> tuple[bytes, list[int] | None, int]:
-    """A chat or completion body's prompt as the engine takes it: (bytes, token ids, token
-    count); bytes with the byte tokenizer, ids with a real one. The Responses API renders its
-    input into a chat body and comes through here too, so both see the same tokens."""
+class EnginePrompt(NamedTuple):
+    """A prompt as the engine takes it: bytes with the byte tokenizer, ids with a real one
+    (and then its media items, which key the blocks over their placeholders)."""
+
+    prompt: bytes
+    ids: list[int] | None
+    tokens: int
+    mm: tuple[MultiModalPart, ...] = ()
+
+
+def prompt_of(app: web.Application, body: dict[str, Any], chat: bool) -> EnginePrompt:
+    """A chat or completion body's prompt as the engine takes it. The Responses API renders
+    its input into a chat body and comes through here too, so both see the same tokens."""
     tok = app[CONF]["tokenizer"]
     if tok is None:
         prompt = _prompt_bytes(body, chat)
-        return prompt, None, count_tokens(prompt)
-    ids = _prompt_ids(body, chat, tok)
-    return b"", ids, len(ids)
+        return EnginePrompt(prompt, None, count_tokens(prompt))
+    ids, mm = _prompt_tokens(body, chat, tok)
+    return EnginePrompt(b"", ids, len(ids), mm)
 
 
 def submit(
@@ -235,6 +255,7 @@ def submit(
     prompt: bytes,
     ids: list[int] | None,
     max_tokens: int,
+    mm: tuple[MultiModalPart, ...] = (),
 ) -> Request:
     """The prompt queued on the engine (its LoRA and cache salt from the body)."""
     engine = app[ENGINE]
@@ -245,7 +266,7 @@ def submit(
     else:
         seed = xxhash.xxh32_intdigest(array("I", ids[-64:]).tobytes())
     lora, salt = _lora_and_salt(app, body, model)
-    return engine.submit(prompt, max_tokens, seed, ids=ids, lora=lora, salt=salt)
+    return engine.submit(prompt, max_tokens, seed, ids=ids, lora=lora, salt=salt, mm=mm)
 
 
 async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
@@ -267,7 +288,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
         if not isinstance(opts, dict):
             raise BadRequest("stream_options must be an object", param="stream_options")
     max_tokens = _max_tokens(body, chat)
-    prompt, ids, ptoks = prompt_of(app, body, chat)
+    prompt, ids, ptoks, mm = prompt_of(app, body, chat)
     limit = app[CONF]["max_model_len"]
     if ptoks + max_tokens > limit:
         raise BadRequest(
@@ -276,7 +297,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
             "completion). Please reduce the length of the messages or completion.",
             param="max_tokens" if ptoks < limit else "messages",
         )
-    r = submit(app, body, model, prompt, ids, max_tokens)
+    r = submit(app, body, model, prompt, ids, max_tokens, mm)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     created = int(time.time())
     include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))

@@ -77,3 +77,33 @@ async def test_an_agent_turn_waits_for_its_tools_and_carries_them() -> None:
     c = engine.counters
     assert oracle_hit_rate(log.sent, 1_000_000, answers=log.answers, tokenizer=tok,
                            tools=log.tools) == c.cached_tokens / c.prompt_tokens
+
+
+async def test_targets_are_read_live_and_a_stop_ends_the_run() -> None:
+    """bench lifecycle changes the routers under a running load (a Service's endpoints) and
+    ends it when its last window is over: the next request goes to the targets as they are
+    now, and a stop starts no new session."""
+    import asyncio
+    import time
+
+    from waiting import scaled, until
+
+    engines = [Engine(PROFILES["zero"], 1_000_000) for _ in range(2)]
+    apps = [build_app(model="m", served=["m"], engine=e, max_model_len=32_768,
+                      replica_id=f"r{k}") for k, e in enumerate(engines)]
+    wl = build("system-prompts", 20_000)
+    async with TestServer(apps[0]) as a, TestServer(apps[1]) as b:
+        targets = [str(a.make_url("")).rstrip("/")]
+        stop = asyncio.Event()
+        run = asyncio.create_task(run_load(wl, targets, "m", 200.0, 100.0, progress=False,
+                                           stop=stop))
+        await until(lambda: engines[0].counters.requests, 30, "a request served by a")
+        targets[:] = [str(b.make_url("")).rstrip("/")]
+        switched = time.perf_counter()
+        await until(lambda: engines[1].counters.requests, 30, "a request served by b")
+        stop.set()
+        log = await asyncio.wait_for(run, scaled(60))
+    # a request's target is chosen as it is sent: none sent after the switch went to a
+    assert engines[0].counters.requests == sum(r.sent_at < switched for r in log.results)
+    assert log.planned == len(log.results) < len(wl.sessions)
+    assert all(r.ok for r in log.results)

@@ -60,3 +60,23 @@ def test_in_tokenizer_mode_the_oracle_counts_and_caches_the_engines_token_ids() 
         assert oracle_hit_rate(sent, capacity, answers=answers, tokenizer=tok) == engine_hit
     # the byte oracle is another count: it would not be the engines' figure
     assert oracle_hit_rate(sent, 12_000, answers=answers) != engine_hit
+
+
+def test_in_tokenizer_mode_the_oracle_keys_an_images_blocks_as_the_engine_does() -> None:
+    """Chat with images: the blocks over an image's placeholder carry its hash in the engine
+    (as vLLM's do), so the oracle's must too, or it counts another image's blocks as a hit."""
+    tok = ChatTokenizer(TINY_TOKENIZER)
+    seqs = TokenSequences(tok, TokenBlockHasher(16, "t"))
+    for capacity in (1_000_000, 12_000):
+        engine = Engine(PROFILES["zero"], capacity, sequences=seqs)
+        sent, answers = [], []
+        for k, s in enumerate(build("multimodal", 80).sessions):
+            msgs = messages_for(s, 0, [])
+            p = tok.prompt("chat", {"messages": msgs})
+            r = engine.submit(b"", s.turns[0].max_tokens, seed=k, ids=p.token_ids, mm=p.mm)
+            assert r.done
+            sent.append(msgs)
+            answers.append("".join(r.text))
+        c = engine.counters
+        assert oracle_hit_rate(sent, capacity, answers=answers, tokenizer=tok) == \
+            c.cached_tokens / c.prompt_tokens

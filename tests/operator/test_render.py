@@ -401,10 +401,10 @@ def test_python_defaults_match_the_crd(section: str) -> None:
 
 
 def test_the_specs_tenant_table_reaches_the_routers_queue() -> None:
-    s = router_settings(model(router={"queue": {"maxInFlight": 32, "tenants": {
+    s = router_settings(model(router={"queue": {"maxInFlight": 32, "reserve": 2, "tenants": {
         "gold": {"weight": 4, "band": "high"}, "batch": {"band": "sheddable"}}}}))
     q = s.queue
-    assert q.max_in_flight == 32 and q.max_waiting == 4
+    assert q.max_in_flight == 32 and q.max_waiting == 4 and q.reserve == 2
     assert q.tenants["gold"].weight == 4 and q.tenants["gold"].band == "high"
     assert q.tenants["batch"].weight == 1 and q.tenants["batch"].band == "sheddable"
     with pytest.raises(ValidationError, match=r"not in queue\.bands"):

@@ -18,7 +18,7 @@ import pytest
 from prefix_router.events.feed import EngineFeed
 from prefix_router.events.wire import Cleared, Removed, Stored, decode_batch, salt_of
 from prefix_router.index.events import EventsIndex
-from prefix_router.prefix import block_hashes, chain_seed
+from prefix_router.prefix import Media, block_hashes, chain_seed
 
 GAPS = Path(__file__).parents[1] / "fixtures" / "vllm-kv-events" / "gaps"
 ENGINE = "http://192.0.2.10:8000"
@@ -31,9 +31,10 @@ def _messages(case: str) -> list[tuple[int, bytes, dict[str, Any]]]:
     return [(m["seq"], bytes.fromhex(m["frames_hex"][2]), m["meaning"]) for m in d["messages"]]
 
 
-def _chain(first: int, blocks: int, salt: str | None = None, model: str = MODEL) -> list[int]:
+def _chain(first: int, blocks: int, salt: str | None = None, model: str = MODEL,
+           media: list[Media] | None = None) -> list[int]:
     tokens = array("I", range(first, first + 16 * blocks)).tobytes()
-    return block_hashes(tokens, 16 * 4, chain_seed(model, salt))
+    return block_hashes(tokens, 16 * 4, chain_seed(model, salt), media=media or ())
 
 
 def _feed(costs: dict[str, float] | None = None) -> tuple[EventsIndex, EngineFeed]:
@@ -132,11 +133,28 @@ def test_the_cache_salt_follows_the_multimodal_keys() -> None:
     # (identifier, offset) pairs; a bare identifier; the LoRA name first
     assert salts == ["tenant-a", "tenant-a", "tenant-b"]
     index, feed = _feed()
-    for seq, payload, _ in _messages("multimodal-salt"):
+    # a bare identifier names no offset: its store is not keyed here (no release sends it)
+    msgs = _messages("multimodal-salt")
+    for seq, payload, _ in (msgs[0], msgs[2]):
         feed.apply(seq, decode_batch(payload))
-    assert _lookup(index, _chain(6000, 2, "tenant-a")) == (2, 0.0)
-    assert asyncio.run(index.lookup("sql-lora", _chain(6000, 1, "tenant-b", "sql-lora"))) \
+    # the image starts at token 3 and goes on into block 1: both blocks carry it
+    image = [Media(3 * 4, 17 * 4, "img-5f1d")]
+    assert _lookup(index, _chain(6000, 2, "tenant-a", media=image)) == (2, 0.0)
+    assert asyncio.run(index.lookup("sql-lora", _chain(6000, 1, "tenant-b", "sql-lora", image))) \
         == {ENGINE: 1}
+
+
+def test_blocks_over_an_image_are_keyed_with_it_as_a_request_is() -> None:
+    """The feed's key of a stored block carries the image its extra keys name, the key a
+    request with that image at that place gets (keying.py): the same tokens without the
+    image, or with another image or at another offset, are other blocks."""
+    index, feed = _feed()
+    seq, payload, _ = _messages("multimodal-salt")[0]
+    feed.apply(seq, decode_batch(payload))
+    assert _lookup(index, _chain(6000, 2, "tenant-a"))[0] == 0
+    assert _lookup(index, _chain(6000, 2, "tenant-a", media=[Media(12, 68, "img-0000")]))[0] == 0
+    assert _lookup(index, _chain(6000, 2, "tenant-a", media=[Media(16, 68, "img-5f1d")]))[0] == 0
+    assert _lookup(index, _chain(6000, 2, "tenant-a", media=[Media(12, 68, "img-5f1d")]))[0] == 2
 
 
 def test_a_new_publisher_id_at_the_end_of_the_batch_is_a_restart() -> None:

@@ -142,3 +142,18 @@ def test_discovery_tells_terminating_endpoints_from_ready_ones():
     assert ready_addresses(sl, 8000) == [("198.18.0.1", 8000, "a")]
     assert leaving_addresses(sl, 8000) == [("198.18.0.2", 8000, "b"),
                                            ("198.18.0.3", 8000, "c")]
+
+
+async def test_without_the_handoff_a_leaving_engines_prefixes_go_unowned(make_core):
+    """`handoff: false` (the bench's scale-down without it): the leaving engine's prefixes
+    are owned by nobody, so their first followers are misses, not hits on an heir."""
+    core = make_core(BACKENDS, 1_000_000, handoff=False)
+    systems = [f"system prompt number {i} " * 40 for i in range(12)]
+    held: dict[str, str] = {}
+    for s in systems:
+        held[s] = await _serve(core, s)
+        await _serve(core, s, "again")  # as above: a chain only its engine serves
+    leaving = max(set(held.values()), key=lambda b: list(held.values()).count(b))
+    core.backends.set_members([b for b in BACKENDS if b != leaving])
+    for s in (s for s in systems if held[s] == leaving):
+        assert (await core.route(_parsed(s, "a follower"))).decision.reason != "hit"

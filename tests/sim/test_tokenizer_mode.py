@@ -287,3 +287,56 @@ async def test_a_restarted_engine_starts_its_events_at_zero_with_an_empty_cache(
             assert int.from_bytes(replies[0][-2], "big") == 0
     finally:
         sub.close()
+
+
+async def test_an_images_hash_keys_its_blocks_and_names_them_in_the_events(tok) -> None:
+    """vLLM's extra keys for the blocks over an image's placeholder tokens: (its hash, where
+    it starts relative to the block's first token), after the LoRA name, before the salt."""
+    pub = _publisher()
+    client = await _client(tok, events=pub, loras=[LoRA(1, "sql", "/adapters/sql")])
+    sub = Subscriber(pub.endpoint, pub.replay_endpoint)
+    red, blue = ("data:image/png;base64," + c * 100 for c in ("UkVE", "QkxV"))
+
+    def body(url: str, **kw: Any) -> dict[str, Any]:
+        return {"max_tokens": 2, **kw, "messages": [
+            {"role": "system", "content": "Look at the picture. " * 8 + "Please look at it now."},
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                         {"type": "text", "text": "What is it? " * 12}]}]}
+
+    async def cached(b: dict[str, Any]) -> int:
+        r = await (await client.post("/v1/chat/completions", json=b)).json()
+        d = r["usage"]["prompt_tokens_details"]
+        return d["cached_tokens"] if d else 0
+
+    seen = 0
+
+    async def stored_keys() -> list[Any]:
+        """The extra keys of the blocks stored since the last call, block by block."""
+        nonlocal seen
+        await sub.sync()
+        stored = [e for e in sub.events() if event_type(e) == "BlockStored"]
+        new, seen = stored[seen:], len(stored)
+        return [k for e in new for k in e["extra_keys"] or [None] * len(e["block_hashes"])]
+
+    try:
+        (image,) = tok.prompt("chat", body(red)).mm
+        first, last = image.offset // B, (image.offset + image.length - 1) // B
+        assert last > first  # the placeholder crosses a block boundary
+        at = [(i, image.offset - i * B) for i in range(first, last + 1)]
+        ident = {u: tok.prompt("chat", body(u)).mm[0].hash for u in (red, blue)}
+        assert await cached(body(red)) == 0
+        keys = await stored_keys()  # from block 0
+        assert [(i, k) for i, k in enumerate(keys) if k] == [(i, [[ident[red], o]]) for i, o in at]
+        assert await cached(body(blue)) == first * B  # another image: not its blocks
+        keys = await stored_keys()  # from the image's first block on
+        assert [(first + i, k) for i, k in enumerate(keys) if k] == [
+            (i, [[ident[blue], o]]) for i, o in at]
+        assert await cached(body(red)) > (last + 1) * B  # the same image: its blocks are a hit
+        await stored_keys()
+        assert await cached(body(red, model="sql", cache_salt="t")) == 0
+        keys = await stored_keys()
+        assert keys[0][0] == "sql" and keys[0][-1] == "t" and keys[1] == ["sql"]
+        assert keys[first] == ["sql", [ident[red], image.offset - first * B]]
+    finally:
+        sub.close()
+        await client.close()

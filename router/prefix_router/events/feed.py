@@ -1,10 +1,10 @@
 """One engine's KV events applied to the prefix index, under the router's own keys. Pure.
 
-The router keys a block by its own chained hash of the block's token ids, seeded with the
-model (or LoRA) and the cache salt: the key a request's prompt gets with token-aligned blocks
-(tokens.py, prefix.py). vLLM's own block hash is kept only to find a stored block's parent, to
-place a store that carries no tokens, and to apply removals, so nothing depends on vLLM's hash
-algorithm or its hash seed.
+The router keys a block by its own chained hash of the block's token ids (and the media items
+the event's extra keys name for it), seeded with the model (or LoRA) and the cache salt: the
+key a request's prompt gets with token-aligned blocks (keying.py, prefix.py). vLLM's own block
+hash is kept only to find a stored block's parent, to place a store that carries no tokens, and
+to apply removals, so nothing depends on vLLM's hash algorithm or its hash seed.
 
 Every store and removal belongs to a scope: (medium, KV-cache group). The GPU blocks of the
 full-attention group are the index's table; a lower medium (an offloading connector's "CPU",
@@ -27,12 +27,13 @@ from __future__ import annotations
 import logging
 from array import array
 from collections.abc import Callable
+from typing import Any
 
 import xxhash
 
 from ..index.events import EventsIndex
 from ..index.tiers import FULL_KINDS, GPU, GroupNeed, need_of
-from ..prefix import chain_seed
+from ..prefix import chain_seed, media_keys
 from .wire import Batch, Cleared, Hash, Removed, Stored, salt_of
 
 log = logging.getLogger("prefix_router.events")
@@ -40,6 +41,17 @@ log = logging.getLogger("prefix_router.events")
 _xxh = xxhash.xxh3_64_intdigest
 _MAIN = "main"  # a full-attention group: the index's table
 Scope = tuple[str, int]  # (medium, KV-cache group)
+
+
+def _media_items(keys: Any) -> list[tuple[str, int]]:
+    """A block's media items in vLLM's extra keys: (identifier, offset of the item's first
+    token relative to the block's), the offset in canonical bytes as the request's key has it
+    (4 a token id). LoRA name, salt and prompt-embedding digests are not pairs."""
+    if not isinstance(keys, (list, tuple)):
+        return []
+    return [(k[0], k[1] * 4) for k in keys
+            if isinstance(k, (list, tuple)) and len(k) == 2 and isinstance(k[0], str)
+            and isinstance(k[1], int) and not isinstance(k[1], bool)]  # fmt: skip
 
 
 class EngineFeed:
@@ -191,8 +203,12 @@ class EngineFeed:
         keys = []
         tokens = e.token_ids
         keys_of = self._keys
+        extra = e.extra_keys if e.extra_keys and len(e.extra_keys) == len(e.hashes) else None
         for i, h in enumerate(e.hashes):
-            prev = _xxh(array("I", tokens[i * size : (i + 1) * size]).tobytes(), prev)
+            block = array("I", tokens[i * size : (i + 1) * size]).tobytes()
+            if extra is not None and extra[i]:
+                block += media_keys(_media_items(extra[i]))
+            prev = _xxh(block, prev)
             keys.append(prev)
             keys_of[h] = prev
             if model != base:

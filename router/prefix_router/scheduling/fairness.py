@@ -76,6 +76,24 @@ class FairQueue(Generic[T]):
         self._left(e.tenant)
         return e.item
 
+    def first(self, n: int) -> list[Entry[T]]:
+        """The next `n` entries in their order of release (O(len) a call: for the rare
+        look past a head that must wait)."""
+        return heapq.nsmallest(n, (e for e in self._heap if e.live))
+
+    def take(self, e: Entry[T]) -> T:
+        """`e` out of the queue ahead of its turn (those before it must wait): served as if
+        its turn, so later arrivals start no earlier than it did."""
+        if e is self.peek():
+            item = self.pop()
+            assert item is e.item
+            return item
+        self.remove(e)
+        if self._finish.get(e.tenant) == e.start:  # remove() gave the charge back
+            self._finish[e.tenant] = e.finish
+        self.virtual = max(self.virtual, e.start)
+        return e.item
+
     def remove(self, e: Entry[T]) -> None:
         """Out of the queue before its turn (deadline, client gone): its tenant is charged
         only if others came after it."""

@@ -8,7 +8,11 @@ is bound to an engine only when one has room (late binding: scored where its pre
   pump()       on every release of load (an attempt's first byte and its end), on an engine's
                scrape and on each arrival: while the next ticket's engines have room, it is
                released. The next ticket: the highest band waiting, in it the smallest start
-               tag (fairness.py).
+               tag (fairness.py). With a `reserve`, the last free slots are kept while a
+               band above the next ticket's is active, or a tenant under its share
+               (shares.py): its next request finds a slot at once, not after one frees.
+               A ticket whose prefix engines hold waits for one of them to have room, up
+               to `owner_wait_s`; the tickets behind it go meanwhile where they can run.
   Pass.bound() the released request is routed, its Attempt starts in the same step: until
                then it counts as `launching`, so one release of load lets one request
                through, not all of them.
@@ -26,7 +30,7 @@ import asyncio
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +40,7 @@ from ..errors import RequestError
 from .bands import Class, Classifier
 from .fairness import Entry, FairQueue
 from .saturation import Saturation
+from .shares import Shares
 
 # Counted in metrics as (decision, reason): queued/released/refused and why.
 Report = Callable[[str, str, int], None]
@@ -51,6 +56,9 @@ class Ticket:
     future: asyncio.Future[None]
     entry: Entry[Ticket] | None = None
     queued: bool = True
+    # the engines holding its longest prefix, which it waits for until `owners_until`
+    owners: Sequence[str] = ()
+    owners_until: float = 0.0
 
 
 @dataclass(slots=True)
@@ -91,6 +99,9 @@ class DispatchQueue:
         self._bands = [_Band() for _ in settings.bands]
         self._budgets = [b.budget_s for b in settings.bands]
         self._sheddable = [b.sheddable for b in settings.bands]
+        self._reserve = settings.reserve
+        self.shares = Shares()
+        self._band_seen = [-math.inf] * len(settings.bands)  # each band's last arrival
         self.queued = 0
         self.bytes = 0
         self.launching = 0  # released (or passed), not yet bound to an engine
@@ -106,7 +117,11 @@ class DispatchQueue:
     def room(self, candidates: Sequence[str]) -> bool:
         if not self._s.enabled:
             return True
-        return self.saturation.room(candidates, self._inflight) > self.launching
+        return self.free(candidates) > 0
+
+    def free(self, candidates: Sequence[str]) -> int:
+        """Requests the engines could take now, those released but not yet bound counted."""
+        return self.saturation.room(candidates, self._inflight) - self.launching
 
     def with_room(self, backends: Sequence[Backend]) -> Sequence[Backend]:
         """Of `backends`, those not saturated (all of them when none has room: a release
@@ -125,8 +140,10 @@ class DispatchQueue:
         body: Mapping[str, Any],
         size: int,
         now: Sequence[str] | None = None,
+        owners: Callable[[], Awaitable[Sequence[str]]] | None = None,
     ) -> Pass:
-        """`now`: the candidates as the caller has just found them (else `candidates()`)."""
+        """`now`: the candidates as the caller has just found them (else `candidates()`);
+        `owners`: the engines holding the request's longest prefix, asked only if it waits."""
         if not self.queued and self.room(candidates() if now is None else now):
             self.launching += 1
             return Pass(self)
@@ -143,10 +160,18 @@ class DispatchQueue:
         if self.bytes + size > self._s.max_bytes:
             self._report("refused", "full_bytes", cls.band)
             raise self._too_many("the router's queue is full")
+        held: Sequence[str] = ()
+        if owners is not None and self._s.owner_wait_s > 0:
+            held = await owners()
         now = self._clock()
+        self.shares.seen(cls.tenant, cls.weight, now)
+        self._band_seen[cls.band] = now
         loop = asyncio.get_running_loop()
-        t = Ticket(cls, size, now, now + self._budgets[cls.band], candidates, loop.create_future())
+        t = Ticket(cls, size, now, now + self._budgets[cls.band], candidates, loop.create_future(),
+                   owners=held, owners_until=now + self._s.owner_wait_s)  # fmt: skip
         self._push(t)
+        if held:  # its wait for them ends even if no load is released meanwhile
+            loop.call_later(self._s.owner_wait_s, self.pump)
         self._report("queued", "saturated", cls.band)
         self.pump()
         try:
@@ -175,22 +200,55 @@ class DispatchQueue:
             t = self._next()
             if t is None:
                 return
-            try:
-                if not self.room(t.candidates()):
-                    return
-            except RequestError:
-                pass  # no engine at all: released, its routing says why
             self._take(t)
             self.launching += 1
             self._count_release()
+            self.shares.served(t.cls.tenant, t.cls.cost, t.cls.weight, self._clock())
             self._report("released", "room", t.cls.band)
             t.future.set_result(None)
 
+    def _may_take_reserve(self, t: Ticket) -> bool:
+        """Not while a band above the ticket's is active (it arrived within the shares'
+        activity window), nor while its tenant is over its share of an active fleet."""
+        now = self._clock()
+        active = now - 2 * self.shares.window_s
+        if any(seen >= active for seen in self._band_seen[:t.cls.band]):
+            return False
+        return not self.shares.over(t.cls.tenant, now)
+
     def _next(self) -> Ticket | None:
+        """The ticket to release now, if any: the highest band's next (a lower band never
+        passes a band above it). A head that waits for the engines holding its prefix lets
+        the next ones in its band go where they can run meanwhile."""
+        now = self._clock()
         for band in self._bands:
             e = band.fair.peek()
-            if e is not None:
-                return e.item
+            if e is None:
+                continue
+            head = e.item
+            go = self._releasable(head, now)
+            if go is None:
+                return head
+            if go and head.owners:  # only its owners are full: look past it
+                for later in band.fair.first(_LOOKAHEAD)[1:]:
+                    if self._releasable(later.item, now) is None:
+                        return later.item
+            return None
+        return None
+
+    def _releasable(self, t: Ticket, now: float) -> bool | None:
+        """None: `t` may go now; True: the fleet has room, not the engines it waits for;
+        False: no room for it."""
+        try:
+            free = self.free(t.candidates())
+        except RequestError:
+            return None  # no engine at all: released, its routing says why
+        if free <= 0 or (free <= self._reserve and not self._may_take_reserve(t)):
+            return False
+        if t.owners and now < t.owners_until:
+            alive = [b for b in t.owners if b in t.candidates()]
+            if alive and self.free(alive) <= 0:
+                return True
         return None
 
     # ------------------------------------------------------------------ deadlines, drain
@@ -275,8 +333,8 @@ class DispatchQueue:
 
     def _take(self, t: Ticket) -> None:
         band = self._bands[t.cls.band]
-        popped = band.fair.pop()
-        assert popped is t
+        assert t.entry is not None
+        band.fair.take(t.entry)
         self._left(t)
         # the arrivals deque keeps it until the sweep passes (a flag, no O(n) removal), but
         # a band whose head is gone is trimmed here so the oldest wait stays cheap
@@ -307,3 +365,5 @@ class DispatchQueue:
 
 
 _RATE_WINDOW_S = 5.0
+# Tickets looked at past a head that waits for its prefix's engines (per pump).
+_LOOKAHEAD = 32

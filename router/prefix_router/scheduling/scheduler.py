@@ -96,6 +96,15 @@ class Scheduler:
             )
         return decision
 
+    async def owners(self, model: str, key: Key) -> list[str]:
+        """The engines holding the longest cached prefix of the chain (none when no engine
+        holds a block of it, or the policy reads no index)."""
+        if not self.profile.uses_index or not key.hashes:
+            return []
+        matches = await self._index.lookup(model, key.hashes)
+        best = max(matches.values(), default=0)
+        return [b for b, m in matches.items() if m == best] if best else []
+
     async def _lookup(self, model: str, hashes: list[int]) -> dict[str, int]:
         """Each backend's leading blocks of the chain, holds included."""
         if self._requested is not None and hashes:

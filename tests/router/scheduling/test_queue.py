@@ -16,6 +16,7 @@ from prefix_router.scheduling.bands import Classifier
 from prefix_router.scheduling.fairness import FairQueue
 from prefix_router.scheduling.queue import DispatchQueue
 from prefix_router.scheduling.saturation import Saturation
+from prefix_router.scheduling.shares import Shares
 
 ENGINE = "http://e1"
 
@@ -242,3 +243,151 @@ def test_saturation_learns_capacity_from_the_engines_gauges() -> None:
     s.engine_report(ENGINE, running=3, waiting=4)  # waiting out a step beside free slots
     assert s.limit(ENGINE) == 12
     assert s.room([ENGINE], lambda b: 11.0) == 1
+
+
+def test_shares_a_tenant_over_its_share_only_beside_an_active_one() -> None:
+    s = Shares(window_s=5.0)
+    s.served("B", 900, 1.0, 0.0)
+    assert not s.over("B", 0.0)  # alone: the whole fleet is its share
+    s.seen("A", 1.0, 0.0)
+    assert s.over("B", 0.0) and not s.over("A", 0.0)
+    s.served("A", 100, 1.0, 0.0)
+    assert s.over("B", 0.0)  # 90% against a half share
+    s2 = Shares(window_s=5.0)
+    s2.served("B", 900, 1.0, 0.0)
+    s2.served("A", 100, 9.0, 0.0)  # A's weight 9: B's share is a tenth
+    assert s2.over("B", 0.0)
+    s2.served("B", 0, 1.0, 0.0)
+    s2.served("A", 8100, 9.0, 0.0)  # 900 of 9,000: exactly B's share, not over
+    assert not s2.over("B", 0.0)
+    # A quiet past the activity window (2 x 5 s) no longer holds B back
+    s.served("B", 100, 1.0, 10.5)
+    assert not s.over("B", 10.5)
+
+
+def test_shares_stay_bounded_under_a_flood_of_tenants() -> None:
+    s = Shares(window_s=1.0)
+    for i in range(10_000):
+        s.served(f"t{i}", 10, 1.0, i * 0.1)
+    assert len(s) < 400
+
+
+async def test_the_reserve_keeps_a_slot_for_a_tenant_under_its_share() -> None:
+    """B floods a 3-slot engine; A sends now and then. With one slot in reserve, B's backlog
+    stops one short of full while A is active, and A's next request runs at once."""
+    clock = Clock()
+    q, load, _ = make_queue(clock, max_in_flight=3, reserve=1)
+    for _ in range(3):
+        load.start(ENGINE, 0)  # full
+    order: list[str] = []
+    b = [asyncio.create_task(admitted(q, load, {"x-tenant": "B"}, order=order))
+         for _ in range(5)]
+    await settle()
+    for _ in range(2):  # B alone: the reserve is not kept, every slot freed goes to B
+        load.finish(ENGINE)
+        await settle()
+    assert order == ["B", "B"]
+    a1 = asyncio.create_task(admitted(q, load, {"x-tenant": "A"}, tokens=10, order=order))
+    await settle()
+    assert order == ["B", "B"]  # no slot free: A waits, first in line
+    load.finish(ENGINE)
+    await soon(a1)
+    assert order == ["B", "B", "A"]
+    load.finish(ENGINE)  # B over its share beside A: this slot is kept
+    await settle()
+    assert order == ["B", "B", "A"] and q.queued == 3
+    a2 = asyncio.create_task(admitted(q, load, {"x-tenant": "A"}, tokens=10, order=order))
+    await soon(a2)  # at once: no slot had to free
+    assert order == ["B", "B", "A", "A"]
+    # A quiet past the activity window: B takes the reserve too
+    clock.now += 10.5
+    load.finish(ENGINE)
+    await settle()
+    load.finish(ENGINE)
+    await settle()
+    assert order == ["B", "B", "A", "A", "B", "B"]
+    for t in b:
+        t.cancel()
+    await asyncio.gather(*b, return_exceptions=True)
+
+
+async def test_the_reserve_keeps_a_slot_for_an_active_higher_band() -> None:
+    clock = Clock()
+    q, load, _ = make_queue(clock, max_in_flight=2, reserve=1)
+    load.start(ENGINE, 0)
+    load.start(ENGINE, 0)
+    order: list[str] = []
+    high = {"x-priority-band": "high"}  # one tenant for all: bands alone tell them apart
+    h1 = asyncio.create_task(admitted(q, load, high, order=order))
+    std = [asyncio.create_task(admitted(q, load, {}, order=order)) for _ in range(3)]
+    await settle()
+    load.finish(ENGINE)
+    await soon(h1)
+    load.finish(ENGINE)  # the high band is active: the standard band leaves this slot
+    await settle()
+    assert order == ["-high"] and q.queued == 3
+    await soon(admitted(q, load, high, order=order))
+    assert order == ["-high", "-high"]
+    clock.now += 10.5  # the high band quiet past the window: the standard band takes it
+    load.finish(ENGINE)
+    await settle()
+    assert order == ["-high", "-high", "-"]
+    for t in std:
+        t.cancel()
+    await asyncio.gather(*std, return_exceptions=True)
+
+
+async def test_a_request_waits_for_its_prefix_engines_while_those_behind_it_go() -> None:
+    """Late binding that keeps the cache: a queued request whose prefix e1 holds waits for e1
+    (up to owner_wait_s), and the requests behind it take e2's free slot meanwhile; past its
+    wait it goes to any engine. With owner_wait_s 0 it takes e2's slot at once (a miss)."""
+    e1, e2 = "http://e1", "http://e2"
+
+    async def run(owner_wait_s: float) -> tuple[list[str], Clock, LoadTracker, list[Any]]:
+        clock = Clock()
+        q, load, _ = make_queue(clock, owner_wait_s=owner_wait_s)
+        load.start(e1, 0)
+        load.start(e2, 0)  # both engines full: everything queues
+        order: list[str] = []
+
+        async def send(name: str, owners: list[str]) -> None:
+            async def held() -> list[str]:
+                return owners
+
+            p = await q.admit(lambda: [e1, e2], {"x-tenant": name}, 100.0, {}, 10,
+                              owners=held)  # fmt: skip
+            order.append(name)
+            p.bound()
+            load.start(e1 if load.inflight(e1) < 1 else e2, 0)  # where it found room
+
+        tasks = [asyncio.create_task(send("held-by-e1", [e1]))]
+        await settle()
+        tasks.append(asyncio.create_task(send("anywhere", [])))
+        await settle()
+        load.finish(e2)  # e2 frees a slot: e1, which holds the first one's prefix, is full
+        await settle()
+        return order, clock, load, tasks
+
+    order, clock, load, tasks = await run(owner_wait_s=2.0)
+    assert order == ["anywhere"], order  # it waits for e1; the one behind it takes e2
+    clock.now += 2.0
+    load.finish(e2)
+    await settle()
+    assert order == ["anywhere", "held-by-e1"], order  # its wait is over: any engine
+    await soon(asyncio.gather(*tasks))
+
+    order, _, _, tasks = await run(owner_wait_s=0.0)
+    assert order == ["held-by-e1"], order  # the first engine with room, its prefix or not
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def test_fair_queue_takes_an_entry_ahead_of_its_turn() -> None:
+    fq: FairQueue[str] = FairQueue()
+    entries = {x: fq.push(x, x[0], 100) for x in ("a0", "b0", "a1")}
+    assert [e.item for e in fq.first(3)] == ["a0", "b0", "a1"]
+    assert fq.take(entries["b0"]) == "b0"
+    fq.push("c0", "C", 100)
+    assert [fq.pop() for _ in range(3)] == ["a0", "c0", "a1"]
+    assert fq.first(3) == [] and len(fq) == 0
