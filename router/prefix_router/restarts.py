@@ -13,9 +13,13 @@ these signs says it is empty now:
             against vllm/v1/metrics/loggers.py)
   shortfall the engine reported cached tokens far below the index's prediction for
             `streak` prefixes in a row (within `window_s`): what an engine that only lost its
-            coldest blocks to eviction does not do. A hit on a prefix that fell short since
-            does not break the run: after a reset the engine computes again what it is asked
-            first, so a hot prefix's next requests are hits between the others' misses
+            coldest blocks to eviction does not do. A hit on a prefix that fell short in the
+            same run does not break it: after a reset the engine computes again what it is
+            asked first, so a hot prefix's next requests are hits between the others' misses.
+            A prefix that fell short before the run began and hits now was kept since: the
+            engine is not empty (with few hot prefixes, exempting those too let three
+            evictions a minute apart read as a reset and drop a busy llama-server's entries
+            again and again: bench/results/real-engine-routers/)
 The first scrape of an engine only sets its baseline: a router that starts knows nothing to
 drop.
 """
@@ -134,12 +138,15 @@ class RestartDetector:
         e = self._engines.setdefault(backend, _Engine())
         now = self._clock()
         e.run = [t for t in e.run if now - t <= self._window_s]
+        if not e.run:
+            e.short.clear()  # no run under way: no prefix fell short in it
         if len(e.short) > 4 * self._streak:
             e.short = {p: t for p, t in e.short.items() if now - t <= self._window_s}
         if held > predicted * self._shortfall:
             at = e.short.get(prefix)
             if at is None or now - at > self._window_s:
                 e.run.clear()  # the engine kept a prefix: not emptied
+                e.short.clear()
             return None
         e.short[prefix] = now
         e.run.append(now)

@@ -118,6 +118,20 @@ def test_hits_on_prefixes_computed_again_since_do_not_end_the_run() -> None:
     assert d.answered("a", 3, 8, 0) == "shortfall"
 
 
+def test_a_hit_on_a_prefix_short_before_the_run_ends_it() -> None:
+    """Evictions of a few hot prefixes are not a reset: prefix 1 fell short, was computed
+    again and kept (the engine answered prefix 5 from cache in between), so its later hits
+    say the engine is not empty, and the run of 2, 3, 4 never forms."""
+    d = RestartDetector(Clock(), streak=3)
+    assert d.answered("a", 1, 8, 0) is None
+    assert d.answered("a", 5, 8, 8) is None  # kept: the run ends
+    assert d.answered("a", 2, 8, 0) is None
+    assert d.answered("a", 1, 8, 8) is None  # fell short before this run: kept since
+    assert d.answered("a", 3, 8, 0) is None
+    assert d.answered("a", 1, 8, 8) is None
+    assert d.answered("a", 4, 8, 0) is None
+
+
 def test_small_predictions_neither_count_nor_break() -> None:
     d = RestartDetector(Clock(), streak=2, min_blocks=4)
     assert d.answered("a", 1, 8, 0) is None
