@@ -12,20 +12,22 @@ these signs says it is empty now:
   reset     a prefix-cache reset counter grew (the simulator's; vLLM exports none: checked
             against vllm/v1/metrics/loggers.py)
   shortfall the engine reported cached tokens far below the index's prediction for
-            `streak` prefixes in a row (within `window_s`): what an engine that only lost its
-            coldest blocks to eviction does not do. A hit on a prefix that fell short in the
-            same run does not break it: after a reset the engine computes again what it is
-            asked first, so a hot prefix's next requests are hits between the others' misses.
-            A prefix that fell short before the run began and hits now was kept since: the
-            engine is not empty (with few hot prefixes, exempting those too let three
-            evictions a minute apart read as a reset and drop a busy llama-server's entries
-            again and again: bench/results/real-engine-routers/)
+            enough prefixes in a row (within `window_s`) that eviction alone would hardly
+            do it: `streak` at least, more where this engine's answers often fall short (a
+            run as likely as `chance` at its own rate of shortfalls; a busy llama-server
+            behind three routers falls short on a third of the predictions, and three in a
+            row came every few seconds there, each dropping a full cache). A hit on a
+            prefix that fell short in the same run does not break it: after a reset the
+            engine computes again what it is asked first, so a hot prefix's next requests
+            are hits between the others' misses. A prefix that fell short before the run
+            began and hits now was kept since: the engine is not empty.
 The first scrape of an engine only sets its baseline: a router that starts knows nothing to
 drop.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +35,8 @@ from dataclasses import dataclass, field
 START_TIME = b"process_start_time_seconds"
 SLEEP_STATE = b"vllm:engine_sleep_state"
 RESET_COUNTERS = (b"engine_sim_prefix_cache_resets_total",)
+# weight of one answer in an engine's share of shortfalls: about the last 20 answers
+_RATE_WEIGHT = 0.05
 # counters that only grow while the process lives: one going back is a restart
 SERVED_COUNTERS = (b"vllm:prompt_tokens_total", b"sglang:prompt_tokens_total",
                    b"llamacpp:prompt_tokens_total")  # fmt: skip
@@ -88,15 +92,18 @@ class _Engine:
     # nothing of what the engine kept
     short: dict[int, float] = field(default_factory=dict)
     detected: int = 0
+    rate: float = 0.0  # share of recent answers that fell short
+    base: float = 0.0  # that share as the run under way began
 
 
 class RestartDetector:
     """Per engine: its last vitals and its run of answers far below prediction.
 
     `shortfall`: an answer holding at most this share of the predicted blocks is short;
-    predictions under `min_blocks` say too little to count either way. `streak` shortfalls in
-    a row drop the engine's entries; `suspect_after` of them make it suspected (DEGRADED)
-    before that.
+    predictions under `min_blocks` say too little to count either way. A run of shortfalls
+    drops the engine's entries once it is `streak` long and as unlikely as `chance` at the
+    engine's usual share of shortfalls (at most `max_streak` long); `suspect_after` of them
+    make it suspected (DEGRADED) before that.
     """
 
     def __init__(
@@ -104,6 +111,8 @@ class RestartDetector:
         clock: Callable[[], float] = time.monotonic,
         *,
         streak: int = 3,
+        max_streak: int = 8,
+        chance: float = 1e-3,
         suspect_after: int = 2,
         shortfall: float = 0.25,
         min_blocks: int = 2,
@@ -111,6 +120,8 @@ class RestartDetector:
     ) -> None:
         self._clock = clock
         self._streak = streak
+        self._max_streak = max(streak, max_streak)
+        self._log_chance = math.log(chance)
         self._suspect_after = suspect_after
         self._shortfall = shortfall
         self._min_blocks = min_blocks
@@ -147,15 +158,29 @@ class RestartDetector:
             if at is None or now - at > self._window_s:
                 e.run.clear()  # the engine kept a prefix: not emptied
                 e.short.clear()
+                e.rate -= _RATE_WEIGHT * e.rate
             return None
+        if not e.run:
+            e.base = e.rate
+        e.rate += _RATE_WEIGHT * (1.0 - e.rate)
         e.short[prefix] = now
         e.run.append(now)
-        if len(e.run) < self._streak:
+        if len(e.run) < self._needed(e.base):
             return None
         e.run.clear()
         e.short.clear()
         e.detected += 1
         return "shortfall"
+
+    def _needed(self, rate: float) -> int:
+        """Shortfalls in a row that an engine falling short at `rate` makes by chance
+        only as often as `chance`."""
+        if rate <= 0.0:
+            return self._streak
+        if rate >= 1.0:
+            return self._max_streak
+        need = math.ceil(self._log_chance / math.log(rate))
+        return min(max(need, self._streak), self._max_streak)
 
     def suspected(self, backend: str) -> bool:
         """Asleep, or most of a shortfall streak seen (and recent)."""

@@ -132,6 +132,18 @@ def test_a_hit_on_a_prefix_short_before_the_run_ends_it() -> None:
     assert d.answered("a", 4, 8, 0) is None
 
 
+def test_an_engine_that_often_falls_short_needs_a_longer_run() -> None:
+    """An engine whose answers fall short half the time (a small cache, several routers'
+    guesses) makes three shortfalls in a row by chance every few seconds: the run that drops
+    it must be as unlikely at its own rate (0.5^10 < 1e-3: capped at max_streak, 8)."""
+    d = RestartDetector(Clock(), streak=3, max_streak=8, chance=1e-3)
+    for k in range(60):  # every other answer short, each on a new prefix
+        assert d.answered("a", 100 + k, 8, 8 if k % 2 else 0) is None
+    for k in range(7):
+        assert d.answered("a", 200 + k, 8, 0) is None
+    assert d.answered("a", 300, 8, 0) == "shortfall"
+
+
 def test_small_predictions_neither_count_nor_break() -> None:
     d = RestartDetector(Clock(), streak=2, min_blocks=4)
     assert d.answered("a", 1, 8, 0) is None
