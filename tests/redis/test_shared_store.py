@@ -255,9 +255,14 @@ async def live(*stores: SharedStore) -> None:
 async def test_a_chain_sent_and_not_yet_answered_is_seen_by_the_other_routers(redis_server):
     async with pair(redis_server.url, store={"write_delay_ms": 10_000}) as (clock, a, b, _la, _lb):
         chain = list(range(1, 41))
-        a.writes.holds.hold("m", chain, "http://e1")  # nobody else is live yet: nothing is written
-        assert not a.writes.holds.pending()
+        # before the routers know of each other: written all the same (they start together)
+        a.writes.holds.hold("m", chain, "http://e1")
+        assert a.writes.holds.pending()
+        await a.writes.flush()
+        assert await b.shared.lookup("m", chain) == {"http://e1": 40}
         a.writes.holds.release("m", chain, "http://e1")
+        await a.writes.flush()
+        assert await b.shared.lookup("m", chain) == {}
         await live(a, b)
         a.writes.holds.hold("m", chain, "http://e1")
         a.writes.holds.hold("m", chain, "http://e1")  # a second request of the same prompt

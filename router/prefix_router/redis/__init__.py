@@ -60,8 +60,7 @@ class SharedStore(Store):
         # A hold counts while its prefill could last (a stream's first-token budget). None
         # is queued while Redis is away: it would be stale when written, and the queue unbounded.
         holds = SharedHolds(
-            self.keys, self.router_id, s.first_token_budget_s, wall,
-            lambda: 0 if self.link.down else self.peers.others,
+            self.keys, self.router_id, s.first_token_budget_s, wall, lambda: not self.link.down
         )
         self.writes = WriteBack(
             s, self.keys, self.link, self.peers, self.capacity, holds, clock, wall

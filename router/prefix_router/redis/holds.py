@@ -25,14 +25,18 @@ from .scripts import block_hex, chain_hex
 
 
 class SharedHolds:
-    __slots__ = ("_count", "_keys", "_ops", "_others", "_wall", "max_age_s", "router_id")
+    __slots__ = ("_count", "_keys", "_ops", "_up", "_wall", "max_age_s", "router_id")
 
     def __init__(
         self, keys: StoreKeys, router_id: str, max_age_s: float, wall: Callable[[], float],
-        others: Callable[[], int],
+        up: Callable[[], bool],
     ) -> None:
         self._keys = keys
-        self._others = others  # other live routers: with none, nobody would read a hold
+        # Written whether or not other routers are known to be live: routers that start
+        # together learn of each other a heartbeat later, and the holds of their first
+        # requests (the first placement of every hot prefix, a whole prefill long) went
+        # unseen, so each placed the same prompts on other engines.
+        self._up = up
         self.router_id = router_id
         self.max_age_s = max_age_s
         self._wall = wall
@@ -46,7 +50,7 @@ class SharedHolds:
         return key, f"{self.router_id} {backend} {block_hex(hashes[-1])} {len(hashes)}"
 
     def hold(self, model: str, hashes: Sequence[int], backend: str) -> None:
-        if not self._others():
+        if not self._up():
             return
         slot = self._slot(model, hashes, backend)
         n = self._count.get(slot, 0)
@@ -57,7 +61,7 @@ class SharedHolds:
     def release(self, model: str, hashes: Sequence[int], backend: str) -> None:
         slot = self._slot(model, hashes, backend)
         n = self._count.get(slot, 0) - 1
-        if n < 0:  # held while no other router was live: never written
+        if n < 0:  # held while Redis was away: never written
             return
         if n > 0:
             self._count[slot] = n
