@@ -2,9 +2,11 @@
 is bound to an engine only when one has room (late binding: scored where its prefix is then).
 
   admit(...)   room among its engines and nobody waiting: a Pass at once (no ticket, no
-               classification: an unsaturated fleet never meets the queue). Otherwise the
-               request is classified (bands.py) and waits as a ticket; a sheddable band, or a
-               full queue (requests or bytes), is refused at once with 429.
+               classification: an unsaturated fleet never meets the queue), unless every
+               engine holding its prefix is saturated: then it waits for them as a ticket,
+               as below. Otherwise the request is classified (bands.py) and waits as a
+               ticket; with no room anywhere a sheddable band, or a full queue (requests or
+               bytes), is refused at once with 429.
   pump()       on every release of load (an attempt's first byte and its end), on an engine's
                scrape and on each arrival: while the next ticket's engines have room, it is
                released. The next ticket: the highest band waiting, in it the smallest start
@@ -145,34 +147,57 @@ class DispatchQueue:
         owners: Callable[[], Awaitable[Sequence[str]]] | None = None,
     ) -> Pass:
         """`now`: the candidates as the caller has just found them (else `candidates()`);
-        `owners`: the engines holding the request's longest prefix, asked only if it waits."""
-        if not self.queued and self.room(candidates() if now is None else now):
-            self.launching += 1
-            return Pass(self)
-        cls = self.classifier.classify(headers, prompt_tokens, body)
-        if self.draining:
-            self._report("refused", "draining", cls.band)
-            raise RequestError(503, "the router is shutting down: retry", retry_after=1)
-        if self._sheddable[cls.band]:
-            self._report("refused", "shed", cls.band)
-            raise self._too_many("the fleet is saturated and this request's band is sheddable")
-        if self.queued >= self._s.max_requests:
-            self._report("refused", "full_requests", cls.band)
-            raise self._too_many("the router's queue is full")
-        if self.bytes + size > self._s.max_bytes:
-            self._report("refused", "full_bytes", cls.band)
-            raise self._too_many("the router's queue is full")
+        `owners`: the engines holding the request's longest prefix, asked only if it may
+        wait (some engine is saturated)."""
+        cands = candidates() if now is None else now
         held: Sequence[str] = ()
-        if owners is not None and self._s.owner_wait_s > 0:
+        room = self.room(cands)
+        if room and not self.queued:
+            if owners is None or self._s.owner_wait_s <= 0 or not self._some_full(cands):
+                self.launching += 1
+                return Pass(self)
             held = await owners()
-        now = self._clock()
-        self.shares.seen(cls.tenant, cls.weight, now)
-        self._band_seen[cls.band] = now
+            alive = [b for b in held if b in cands]
+            if not alive or self.free(alive) > 0 or self.draining or self._full(size):
+                self.launching += 1
+                return Pass(self)
+            # Its prefix's engines are all full while others have room: it waits for them
+            # (up to `owner_wait_s`) rather than computing the prefix again elsewhere at
+            # once. Sent on, three routers on llama-servers scattered every hot prompt
+            # over the fleet (bench/results/real-engine-routers/).
+            reason = "owners_full"
+        elif room:
+            if self.draining or self._full(size):
+                self.launching += 1
+                return Pass(self)
+            reason = "behind"  # others wait for their engines: in line, released at once if it may
+        else:
+            reason = "saturated"
+        cls = self.classifier.classify(headers, prompt_tokens, body)
+        if reason == "saturated":
+            if self.draining:
+                self._report("refused", "draining", cls.band)
+                raise RequestError(503, "the router is shutting down: retry", retry_after=1)
+            if self._sheddable[cls.band]:
+                self._report("refused", "shed", cls.band)
+                raise self._too_many(
+                    "the fleet is saturated and this request's band is sheddable")
+            if self.queued >= self._s.max_requests:
+                self._report("refused", "full_requests", cls.band)
+                raise self._too_many("the router's queue is full")
+            if self._full(size):
+                self._report("refused", "full_bytes", cls.band)
+                raise self._too_many("the router's queue is full")
+        if reason != "owners_full" and owners is not None and self._s.owner_wait_s > 0:
+            held = await owners()
+        now_t = self._clock()
+        self.shares.seen(cls.tenant, cls.weight, now_t)
+        self._band_seen[cls.band] = now_t
         loop = asyncio.get_running_loop()
-        t = Ticket(cls, size, now, now + self._budgets[cls.band], candidates, loop.create_future(),
-                   owners=held)  # fmt: skip
+        t = Ticket(cls, size, now_t, now_t + self._budgets[cls.band], candidates,
+                   loop.create_future(), owners=held)  # fmt: skip
         self._push(t)
-        self._report("queued", "saturated", cls.band)
+        self._report("queued", reason, cls.band)
         self.pump()
         try:
             await t.future
@@ -184,6 +209,14 @@ class DispatchQueue:
                 self.launched()  # released, then the client left: the next one goes
             raise
         return Pass(self, self._clock() - t.arrived)
+
+    def _some_full(self, candidates: Sequence[str]) -> bool:
+        sat, inflight = self.saturation, self._inflight
+        return any(sat.room((b,), inflight) <= 0 for b in candidates)
+
+    def _full(self, size: int) -> bool:
+        """No room in the queue for one more request of `size` bytes."""
+        return self.queued >= self._s.max_requests or self.bytes + size > self._s.max_bytes
 
     def launched(self) -> None:
         self.launching -= 1

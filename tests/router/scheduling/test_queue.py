@@ -423,3 +423,29 @@ async def test_the_wait_for_its_prefix_engines_counts_from_its_turn() -> None:
     await settle()
     assert order == ["first", "held"], order
     await soon(asyncio.gather(*tasks))
+
+
+async def test_a_request_waits_for_its_full_prefix_engine_while_another_has_room() -> None:
+    """Not only when the whole fleet is saturated: with e1 (which holds its prefix) full and
+    e2 free, a request waits for e1 up to owner_wait_s instead of being sent to e2 at once
+    to compute its prefix again (three routers on llama-servers spread every hot prompt over
+    the fleet that way); a request e2 can serve passes meanwhile."""
+    clock = Clock()
+    q, load, reports = make_queue(clock, owner_wait_s=2.0)
+    load.start(E1, 0)  # e1 full, e2 free
+    order: list[str] = []
+    held = asyncio.create_task(sent_holding(q, load, order, "held-by-e1", [E1]))
+    await settle()
+    assert order == [] and ("queued", "owners_full", 1) in reports
+    other = asyncio.create_task(sent_holding(q, load, order, "anywhere", []))
+    await settle()
+    assert order == ["anywhere"], order  # e2's room is not kept from those it suits
+    load.finish(E1)
+    await settle()
+    assert order == ["anywhere", "held-by-e1"], order
+    await soon(asyncio.gather(held, other))
+    # a request whose prefix nobody holds never waits while an engine has room
+    load.finish(E2)
+    load.start(E1, 0)
+    await soon(sent_holding(q, load, order, "new", []))
+    assert order[-1] == "new"
