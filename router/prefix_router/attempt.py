@@ -95,6 +95,7 @@ class Attempt:
         "sent_at",
         "slow",
         "status",
+        "whole",
     )
 
     def __init__(self, ledger: Ledger, route: Route, backend: str) -> None:
@@ -105,6 +106,7 @@ class Attempt:
         self.prefilled = False
         self.closed = False
         self.status = 0
+        self.whole = False  # answered in full: done() ran
         self.prefill = max(route.prompt_tokens - self.predicted(), 0.0)
         led.load.start(backend, self.prefill)
         led.metrics.set_inflight(backend, led.load.own_inflight(backend))
@@ -185,6 +187,7 @@ class Attempt:
 
     def done(self, answer: str | None, usage: tuple[int, int | None] | None) -> None:
         """The engine answered in full (2xx)."""
+        self.whole = True
         led, r, backend = self.ledger, self.route, self.backend
         led.backends.report_success(backend)
         led.metrics.count_request(backend, "ok")

@@ -47,6 +47,16 @@ _DROP_REQUEST = frozenset((
 ))  # fmt: skip
 _PASS_RESPONSE = ("content-type", "x-request-id", "openai-processing-ms")
 _MAX_SNIFF = 4 * 1024 * 1024
+# how a stream's last event ends: chat and completions' `[DONE]`, the Responses API's
+# terminal events (it sends no `[DONE]`)
+_LAST_EVENTS = (b"data: [DONE]", b"response.completed", b"response.failed",
+                b"response.incomplete")
+
+
+def _ends_answer(tail: bytes) -> bool:
+    """Whether the stream's last bytes hold its last event."""
+    end = tail[-512:]
+    return any(e in end for e in _LAST_EVENTS)
 _RETRY_STATUS = frozenset((502, 503))
 
 
@@ -146,7 +156,8 @@ class _Forward:
                         try:
                             return await self.attempt(attempt)
                         except asyncio.CancelledError:
-                            attempt.failed("client_gone", at_fault=False)
+                            if not attempt.whole:
+                                attempt.failed("client_gone", at_fault=False)
                             raise
                 except _Retry as exc:
                     last = str(exc) if led.settings.expose_routing else exc.outcome
@@ -224,15 +235,23 @@ class _Forward:
         sniff = bytearray(first)
         # a Responses stream names its response in its first event: known before it is passed
         stored = self.route.parsed.responses is None or await self._stored(a, sniff)
+        tail = first
         try:
             await resp.write(first)
             async for data in chunks:
                 a.chunk()
+                tail = data
                 if len(sniff) < _MAX_SNIFF:
                     sniff += data
                 if not stored:
                     stored = await self._stored(a, sniff)
                 await resp.write(data)
+        except asyncio.CancelledError:
+            # A client that read the answer's last event may close before the stream's end
+            # reaches it (many do): the answer was delivered whole, and counts so.
+            if _ends_answer(tail):
+                self._done(a, sniff)
+            raise
         except (UpstreamError, UpstreamTimeout) as exc:
             # Bytes already reached the client: the stream can only be ended, with an error
             # event, so the client can tell a cut answer from a whole one.
@@ -243,15 +262,24 @@ class _Forward:
             return await _end_with_error(resp, err, sep)
         except ConnectionResetError:
             # the client went away: leaving closes the upstream, so the engine aborts
-            a.failed("client_gone", at_fault=False)
+            if _ends_answer(tail):
+                self._done(a, sniff)
+            else:
+                a.failed("client_gone", at_fault=False)
             return resp
-        await resp.write_eof()
+        self._done(a, sniff)
+        try:
+            await resp.write_eof()
+        except ConnectionResetError:
+            pass  # the client had the whole answer and left before the stream's last chunk
+        return resp
+
+    def _done(self, a: Attempt, sniff: bytearray) -> None:
         parsed = self.route.parsed
         if parsed.responses is not None:
             a.done(*read_response_sse(bytes(sniff))[:2])
         else:
             a.done(*read_sse(bytes(sniff), parsed.kind))
-        return resp
 
     async def _stored(self, a: Attempt, sniff: bytearray) -> bool:
         """Whether the stream's response id was seen (and its engine remembered)."""
