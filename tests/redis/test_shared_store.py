@@ -487,7 +487,7 @@ async def test_the_lookup_budget_follows_the_typical_lookup_time_within_its_boun
     s = SharedStore(settings("redis://127.0.0.1:1/0", store={
         "timeout_ms": 5, "timeout_max_ms": 40, "timeout_factor": 4}), LoadTracker(), "r")
     idx = s.table(LocalIndex(16, 0, 600.0, 1000))
-    assert idx.budget == pytest.approx(0.005)
+    assert idx.budget == pytest.approx(0.040)  # nothing timed yet: its first lookups connect
     for _ in range(200):
         idx._timed(0.0003)  # a healthy Redis on the same network: the floor holds
     assert idx.budget == pytest.approx(0.005)

@@ -6,7 +6,8 @@ bounded staleness); the router's own writes since are merged in (writeback.py). 
 slower than its budget routes that request on a local table kept in step with every record
 and every shared answer; its late reply still fills the near-cache, and the next request asks
 Redis again (slow is not down). The budget is `timeout_factor` x the typical lookup time,
-within [`timeout_ms`, `timeout_max_ms`]: "slow" means slow for this deployment.
+within [`timeout_ms`, `timeout_max_ms`] (the latter until a reply has been timed): "slow"
+means slow for this deployment.
 Occupancy and tail age: capacity.py.
 """
 
@@ -70,7 +71,10 @@ class SharedIndex:
         self._floor = st.timeout_ms / 1000.0
         self._cap = max(st.timeout_max_ms, st.timeout_ms) / 1000.0
         self._factor = st.timeout_factor
-        self.budget = self._floor
+        # Before any reply nothing is slow short of the cap: a router's first lookups open
+        # its connections, and at the floor they routed on an empty local table, so routers
+        # that started together each placed the fleet's first prompts anew.
+        self.budget = self._cap
         self._typical = 0.0  # moving average of lookup times (s), replies in time or late
         self._near_ttl = st.near_cache_ttl_ms / 1000.0
         self._near: dict[tuple[str, int, int], tuple[float, dict[str, int]]] = {}
