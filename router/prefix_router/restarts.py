@@ -16,7 +16,8 @@ these signs says it is empty now:
             do it: `streak` at least, more where this engine's answers often fall short (a
             run as likely as `chance` at its own rate of shortfalls; a busy llama-server
             behind three routers falls short on a third of the predictions, and three in a
-            row came every few seconds there, each dropping a full cache). A hit on a
+            row came every few seconds there, each dropping a full cache); distinct
+            prefixes, since one prefix asked twice at once falls short twice. A hit on a
             prefix that fell short in the same run does not break it: after a reset the
             engine computes again what it is asked first, so a hot prefix's next requests
             are hits between the others' misses. A prefix that fell short before the run
@@ -165,7 +166,9 @@ class RestartDetector:
         e.rate += _RATE_WEIGHT * (1.0 - e.rate)
         e.short[prefix] = now
         e.run.append(now)
-        if len(e.run) < self._needed(e.base):
+        # distinct prefixes: one prefix asked twice at once falls short twice (both
+        # requests compute it), which says nothing of the engine's other prefixes
+        if len(e.short) < self._needed(e.base):
             return None
         e.run.clear()
         e.short.clear()

@@ -144,6 +144,16 @@ def test_an_engine_that_often_falls_short_needs_a_longer_run() -> None:
     assert d.answered("a", 300, 8, 0) == "shortfall"
 
 
+def test_one_prefix_short_again_and_again_is_not_a_reset() -> None:
+    """Requests of one prefix sent together each compute it (neither finds the other's blocks
+    yet): their shortfalls say nothing of the engine's other prefixes."""
+    d = RestartDetector(Clock(), streak=3)
+    for _ in range(5):
+        assert d.answered("a", 1, 8, 0) is None
+    assert d.answered("a", 2, 8, 0) is None
+    assert d.answered("a", 3, 8, 0) == "shortfall"  # three prefixes, none kept
+
+
 def test_small_predictions_neither_count_nor_break() -> None:
     d = RestartDetector(Clock(), streak=2, min_blocks=4)
     assert d.answered("a", 1, 8, 0) is None
