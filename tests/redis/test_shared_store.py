@@ -546,3 +546,41 @@ async def test_figures_say_how_the_index_knows_the_engines(redis_server):
         assert (fig.engines, fig.engines_exact, fig.engines_degraded) == (3, 0, 0)
         st = aggregate([fig], now=time.time(), ready_replicas=3, kv_capacity_tokens=800)
         assert st.as_status("T")["indexExact"] == "0/3"
+
+
+async def test_a_prompt_in_its_first_prefill_goes_where_another_router_sent_it(redis_server):
+    """Routers built as the app builds them (the index factory wires the store's holds; no
+    table made beforehand): while one router's request of a new prompt is still in its
+    prefill, another router's request of the same prompt follows it to the same engine (a
+    `hit` on the hold) instead of computing the prompt a second time elsewhere."""
+    backends = [f"http://e{i}" for i in range(4)]
+    clock = Clock()
+    loads = [LoadTracker(), LoadTracker()]
+    stores = [SharedStore(settings(redis_server.url), load, rid, clock=clock, wall=clock.wall)
+              for load, rid in zip(loads, ("ra", "rb"), strict=True)]  # fmt: skip
+    try:
+        cores = []
+        for st, load in zip(stores, loads, strict=True):
+            await st.link.start()
+            cores.append(build_core(st.settings, _members(backends), store=st, load=load))
+
+        def prompt(i: int):
+            body = {"model": "m", "prompt": f"a new system prompt {i} " * 200 + f"question {i}"}
+            return parse_request(json.dumps(body).encode(), "completions")
+
+        for i in range(4):
+            first = await cores[0].route(prompt(i))
+            with Attempt(cores[0].ledger, first, first.decision.backend):  # sent, not answered
+                await written(stores[0])
+                second = await cores[1].route(prompt(i))
+                assert (second.decision.backend, second.decision.reason) == (
+                    first.decision.backend, "hit")
+    finally:
+        for st in stores:
+            await st.close()
+
+
+def _members(backends: list[str]) -> BackendSet:
+    members = BackendSet()
+    members.set_members(backends)
+    return members

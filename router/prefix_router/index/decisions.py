@@ -33,9 +33,11 @@ def _build(p: Parts, corrects: bool) -> DecisionIndex:
         s.block_size, s.kv_capacity_tokens, s.ttl_seconds, s.max_table_entries, s.max_owners,
         clock=p.clock,
     )
-    pending = PendingIndex()
-    pending.shared = p.store.holds  # where other router replicas see this one's holds
     table = p.store.table(local)
+    pending = PendingIndex()
+    # where other router replicas see this one's holds: a shared store has them once its
+    # table is made (read before, they were never shown to the other routers)
+    pending.shared = p.store.holds
     p.sizing.watch(table.resize)
     return DecisionIndex(table, pending, corrects)
 
