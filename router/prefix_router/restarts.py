@@ -14,7 +14,7 @@ these signs says it is empty now:
   shortfall the engine reported cached tokens far below the index's prediction for
             enough prefixes in a row (within `window_s`) that eviction alone would hardly
             do it: `streak` at least, more where this engine's answers often fall short (a
-            run as likely as `chance` at its own rate of shortfalls; a busy llama-server
+            run as likely as `chance`, 1e-4, at its own rate of shortfalls; a busy llama-server
             behind three routers falls short on a third of the predictions, and three in a
             row came every few seconds there, each dropping a full cache); distinct
             prefixes, since one prefix asked twice at once falls short twice. A hit on a
@@ -113,7 +113,7 @@ class RestartDetector:
         *,
         streak: int = 3,
         max_streak: int = 8,
-        chance: float = 1e-3,
+        chance: float = 1e-4,
         suspect_after: int = 2,
         shortfall: float = 0.25,
         min_blocks: int = 2,

@@ -97,7 +97,7 @@ def test_shortfalls_in_a_row_are_a_reset() -> None:
 
 
 def test_a_prefix_the_engine_kept_ends_the_run() -> None:
-    d = RestartDetector(Clock(), streak=3)
+    d = RestartDetector(Clock(), streak=3, max_streak=3)  # a fixed run: the rule itself
     d.answered("a", 1, 8, 0)
     d.answered("a", 2, 8, 0)
     assert d.answered("a", 3, 8, 6) is None  # most of it held: eviction, not an empty engine
