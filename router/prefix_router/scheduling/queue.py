@@ -13,7 +13,10 @@ is bound to an engine only when one has room (late binding: scored where its pre
                (shares.py): its next request finds a slot at once, not after one frees.
                A ticket whose prefix engines hold goes only to one of them, until
                `owner_wait_s` after it became the next in line; a slot that frees elsewhere
-               goes meanwhile to the first ticket behind it that may take it.
+               goes meanwhile to the first ticket behind it that may take it. Those engines
+               are read when the ticket is considered for a free slot, not when it arrived
+               (a prefix placed elsewhere while it waited is followed): a read in flight
+               holds the pump, and its answer stands until load next moves.
   Pass.bound() the released request is routed, its Attempt starts in the same step: until
                then it counts as `launching`, so one release of load lets one request
                through, not all of them.
@@ -57,9 +60,12 @@ class Ticket:
     future: asyncio.Future[None]
     entry: Entry[Ticket] | None = None
     queued: bool = True
-    # the engines holding its longest prefix: it goes only to one of them until
-    # `owner_wait_s` after it has become the next in line (inf: not yet)
+    # the engines holding its longest prefix, asked when a slot is there for it: it goes
+    # only to one of them until `owner_wait_s` after it has become the next in line (inf:
+    # not yet). None: it waits for no engine in particular.
+    ask_owners: Callable[[], Awaitable[Sequence[str]]] | None = None
     owners: Sequence[str] = ()
+    read_at: int = -1  # the queue's epoch when `owners` was read (-1: never)
     owners_until: float = math.inf
 
 
@@ -108,6 +114,10 @@ class DispatchQueue:
         self.bytes = 0
         self.launching = 0  # released (or passed), not yet bound to an engine
         self.draining = False
+        # moves with every change of load (a pump from outside): an owners' reading of an
+        # older epoch is read again before it decides a release
+        self._epoch = 0
+        self._reading: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._due = math.inf
         # releases a second (decayed), for Retry-After
@@ -145,7 +155,8 @@ class DispatchQueue:
         owners: Callable[[], Awaitable[Sequence[str]]] | None = None,
     ) -> Pass:
         """`now`: the candidates as the caller has just found them (else `candidates()`);
-        `owners`: the engines holding the request's longest prefix, asked only if it waits."""
+        `owners`: the engines holding the request's longest prefix, asked only while it
+        waits, each time a slot is there for it."""
         if not self.queued and self.room(candidates() if now is None else now):
             self.launching += 1
             return Pass(self)
@@ -162,15 +173,13 @@ class DispatchQueue:
         if self.bytes + size > self._s.max_bytes:
             self._report("refused", "full_bytes", cls.band)
             raise self._too_many("the router's queue is full")
-        held: Sequence[str] = ()
-        if owners is not None and self._s.owner_wait_s > 0:
-            held = await owners()
         now = self._clock()
         self.shares.seen(cls.tenant, cls.weight, now)
         self._band_seen[cls.band] = now
         loop = asyncio.get_running_loop()
+        ask = owners if self._s.owner_wait_s > 0 else None
         t = Ticket(cls, size, now, now + self._budgets[cls.band], candidates, loop.create_future(),
-                   owners=held)  # fmt: skip
+                   ask_owners=ask)  # fmt: skip
         self._push(t)
         self._report("queued", "saturated", cls.band)
         self.pump()
@@ -195,8 +204,13 @@ class DispatchQueue:
     # ------------------------------------------------------------------ release
 
     def pump(self) -> None:
-        """Release tickets while the next one's engines have room."""
-        while self.queued:
+        """Release tickets while the next one's engines have room (load has moved: what
+        was read of their prefixes' engines is read again)."""
+        self._epoch += 1
+        self._release()
+
+    def _release(self) -> None:
+        while self.queued and self._reading is None:
             t = self._next()
             if t is None:
                 return
@@ -226,7 +240,7 @@ class DispatchQueue:
             if e is None:
                 continue
             head = e.item
-            if head.owners and head.owners_until == math.inf:
+            if head.ask_owners is not None and head.owners_until == math.inf:
                 # next in line: its wait for its engines starts, and ends even if no load is
                 # released meanwhile
                 head.owners_until = now + self._s.owner_wait_s
@@ -234,16 +248,24 @@ class DispatchQueue:
             go = self._releasable(head, now)
             if go is None:
                 return head
+            if go and self._stale(head, now):
+                self._read([head])
+                return None
             if go and head.owners:  # only its owners are full: look past it
-                for later in band.fair.first(_LOOKAHEAD)[1:]:
-                    if self._releasable(later.item, now) is None:
-                        return later.item
+                later = [x.item for x in band.fair.first(_LOOKAHEAD)[1:]]
+                stale = [x for x in later if self._stale(x, now)]
+                if stale:  # read together with the head's: one answer decides them all
+                    self._read([head, *stale])
+                    return None
+                for t in later:
+                    if self._releasable(t, now) is None:
+                        return t
             return None
         return None
 
     def _releasable(self, t: Ticket, now: float) -> bool | None:
-        """None: `t` may go now; True: the fleet has room, not the engines it waits for;
-        False: no room for it."""
+        """None: `t` may go now; True: the fleet has room, not (or not yet known) the
+        engines it waits for; False: no room for it."""
         try:
             candidates = t.candidates()
         except RequestError:
@@ -251,11 +273,34 @@ class DispatchQueue:
         free = self.free(candidates)
         if free <= 0 or (free <= self._reserve and not self._may_take_reserve(t)):
             return False
+        if self._stale(t, now):
+            return True
         if t.owners and now < t.owners_until:
             alive = [b for b in t.owners if b in candidates]
             if alive and self.free(alive) <= 0:
                 return True
         return None
+
+    def _stale(self, t: Ticket, now: float) -> bool:
+        """Would `t` wait for its prefix's engines, as last read before load last moved?"""
+        return t.ask_owners is not None and now < t.owners_until and t.read_at != self._epoch
+
+    def _read(self, tickets: list[Ticket]) -> None:
+        """Ask where each ticket's prefix is now; the pump waits for the answer (one index
+        round trip), so no slot is given away on an old one meanwhile."""
+
+        async def read() -> None:
+            try:
+                got = await asyncio.gather(*(_ask(t) for t in tickets), return_exceptions=True)
+            finally:
+                self._reading = None
+            for t, owners in zip(tickets, got, strict=True):
+                # an index that cannot answer: the request goes wherever there is room
+                t.owners = () if isinstance(owners, BaseException) else owners
+                t.read_at = self._epoch  # as of now: stands until load moves again
+            self._release()
+
+        self._reading = asyncio.get_running_loop().create_task(read())
 
     # ------------------------------------------------------------------ deadlines, drain
 
@@ -368,6 +413,10 @@ class DispatchQueue:
     def _decayed_rate(self, now: float | None = None) -> float:
         now = self._clock() if now is None else now
         return self._rate * math.exp(-(now - self._rate_at) / _RATE_WINDOW_S)
+
+
+async def _ask(t: Ticket) -> Sequence[str]:
+    return await t.ask_owners() if t.ask_owners is not None else ()
 
 
 _RATE_WINDOW_S = 5.0

@@ -57,7 +57,8 @@ async def soon(aw: Any) -> Any:
 
 
 async def settle() -> None:
-    for _ in range(5):
+    """Enough turns of the loop for a release, and for a read of a prefix's engines before it."""
+    for _ in range(20):
         await asyncio.sleep(0)
 
 
@@ -345,7 +346,7 @@ async def sent_holding(q: DispatchQueue, load: LoadTracker, order: list[str], na
     """A request whose prefix `owners` hold, over two one-slot engines: noted when it gets a
     pass, then started where it found room."""
     async def held() -> list[str]:
-        return owners
+        return list(owners)  # as the index answers now: the test may move the prefix later
 
     p = await q.admit(lambda: [E1, E2], {"x-tenant": name}, 100.0, {}, 10, owners=held)
     order.append(name)
@@ -423,3 +424,34 @@ async def test_the_wait_for_its_prefix_engines_counts_from_its_turn() -> None:
     await settle()
     assert order == ["first", "held"], order
     await soon(asyncio.gather(*tasks))
+
+
+async def test_a_request_follows_its_prefix_to_where_it_is_when_a_slot_frees() -> None:
+    """Its prefix's engines are read when a slot is there for it, not when it arrived: held
+    by e1 at arrival and placed on e2 while it waited, it takes e2's free slot (read at
+    arrival it would wait for e1 and the request behind it would take e2); held by nobody
+    at arrival and placed on e1 meanwhile, it waits for e1 instead of missing on e2."""
+    e1, e2 = E1, E2
+
+    async def run(at_arrival: list[str], later: list[str]) -> tuple[list[str], list[Any]]:
+        q, load, _ = make_queue(Clock(), owner_wait_s=2.0)
+        load.start(e1, 0)
+        load.start(e2, 0)  # both engines full: everything queues
+        order: list[str] = []
+        owners = list(at_arrival)
+        tasks = [asyncio.create_task(sent_holding(q, load, order, "held", owners))]
+        await settle()
+        tasks.append(asyncio.create_task(sent_holding(q, load, order, "anywhere", [])))
+        await settle()
+        owners[:] = later  # the index now places its prefix here
+        load.finish(e2)
+        await settle()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return order, tasks
+
+    order, _ = await run(at_arrival=[e1], later=[e1, e2])
+    assert order == ["held"], order  # to e2, which holds its prefix now
+    order, _ = await run(at_arrival=[], later=[e1])
+    assert order == ["anywhere"], order  # it waits for e1; the one behind it takes e2
