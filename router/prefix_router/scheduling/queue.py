@@ -67,6 +67,7 @@ class Ticket:
     owners: Sequence[str] = ()
     read_at: int = -1  # the queue's epoch when `owners` was read (-1: never)
     owners_until: float = math.inf
+    spare: bool = False  # released beyond the reserve: it must leave the reserved slots
 
 
 @dataclass(slots=True)
@@ -75,6 +76,7 @@ class Pass:
 
     queue: DispatchQueue | None
     waited: float = 0.0  # seconds in the queue
+    spare: bool = False  # it must leave the reserve's slots free (with_room)
 
     def bound(self) -> None:
         q, self.queue = self.queue, None
@@ -97,11 +99,13 @@ class DispatchQueue:
         inflight: Callable[[str], float],
         report: Report | None = None,
         clock: Callable[[], float] = time.monotonic,
+        pending: Callable[[str], float] = lambda _backend: 0.0,
     ) -> None:
         self._s = settings
         self.classifier = classifier
         self.saturation = saturation
         self._inflight = inflight
+        self._pending = pending  # prefill tokens sent to an engine, not yet answered
         self._report = report or (lambda decision, reason, band: None)
         self._clock = clock
         self._bands = [_Band() for _ in settings.bands]
@@ -135,14 +139,25 @@ class DispatchQueue:
         """Requests the engines could take now, those released but not yet bound counted."""
         return self.saturation.room(candidates, self._inflight) - self.launching
 
-    def with_room(self, backends: Sequence[Backend]) -> Sequence[Backend]:
+    def with_room(self, backends: Sequence[Backend], spare: bool = False) -> Sequence[Backend]:
         """Of `backends`, those not saturated (all of them when none has room: a release
-        raced a new arrival): a request is bound where it can run now."""
+        raced a new arrival): a request is bound where it can run now. `spare`: it was
+        released beyond the reserve, which is kept on the quietest engines (fewest in
+        flight, least prefill pending): it goes elsewhere when it can, so the request the
+        reserve is for meets no prefill of its in the engine's step."""
         if not self._s.enabled:
             return backends
         sat, inflight = self.saturation, self._inflight
-        out = [b for b in backends if sat.room((b.url,), inflight) > 0]
-        return out if out and len(out) < len(backends) else backends
+        rooms = [(b, sat.room((b.url,), inflight)) for b in backends]
+        out = [(b, r) for b, r in rooms if r > 0]
+        if spare and self._reserve and len(out) > 1:
+            out.sort(key=lambda br: (inflight(br[0].url), self._pending(br[0].url)))
+            kept = i = 0
+            while i < len(out) and kept < self._reserve:
+                kept += out[i][1]
+                i += 1
+            out = out[i:] or out
+        return [b for b, _ in out] if out and len(out) < len(backends) else backends
 
     async def admit(
         self,
@@ -192,7 +207,7 @@ class DispatchQueue:
             elif t.future.done() and not t.future.cancelled() and t.future.exception() is None:
                 self.launched()  # released, then the client left: the next one goes
             raise
-        return Pass(self, self._clock() - t.arrived)
+        return Pass(self, self._clock() - t.arrived, t.spare)
 
     def launched(self) -> None:
         self.launching -= 1
@@ -215,6 +230,7 @@ class DispatchQueue:
             if t is None:
                 return
             self._take(t)
+            t.spare = self._reserve > 0 and not self._may_take_reserve(t)
             self.launching += 1
             self._count_release()
             self.shares.served(t.cls.tenant, t.cls.cost, t.cls.weight, self._clock())
