@@ -264,6 +264,8 @@ class DispatchQueue:
             go = self._releasable(head, now)
             if go is None:
                 return head
+            if go is False and self._reserved_for_another(head, band.fair, now):
+                return self._past_the_reserve(head, band.fair, now)
             if go and self._stale(head, now):
                 self._read([head])
                 return None
@@ -277,6 +279,37 @@ class DispatchQueue:
                     if self._releasable(t, now) is None:
                         return t
             return None
+        return None
+
+    def _reserved_for_another(self, head: Ticket, fq: FairQueue[Ticket], now: float) -> bool:
+        """Is the only room the reserve, which the head may not take and another tenant
+        waiting in its band may?"""
+        try:
+            free = self.free(head.candidates())
+        except RequestError:
+            return False
+        if not 0 < free <= self._reserve:
+            return False
+        active = now - 2 * self.shares.window_s
+        if any(seen >= active for seen in self._band_seen[: head.cls.band]):
+            return False  # kept for a band above: nobody in this one takes it
+        return any(tenant != head.cls.tenant and not self.shares.over(tenant, now)
+                   for tenant in fq.waiting_tenants())  # fmt: skip
+
+    def _past_the_reserve(self, head: Ticket, fq: FairQueue[Ticket], now: float) -> Ticket | None:
+        """The first ticket behind the head that may take the reserve: an under-share
+        tenant's request whose fair turn is after a busy tenant's head is the one the
+        reserve is kept for (without this it would wait for a slot beyond the reserve)."""
+        for x in fq.first(_LOOKAHEAD)[1:]:
+            t = x.item
+            if t.cls.tenant == head.cls.tenant or not self._may_take_reserve(t):
+                continue
+            go = self._releasable(t, now)
+            if go is None:
+                return t
+            if go and self._stale(t, now):
+                self._read([t])
+                return None
         return None
 
     def _releasable(self, t: Ticket, now: float) -> bool | None:

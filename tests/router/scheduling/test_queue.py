@@ -455,3 +455,35 @@ async def test_a_request_follows_its_prefix_to_where_it_is_when_a_slot_frees() -
     assert order == ["held"], order  # to e2, which holds its prefix now
     order, _ = await run(at_arrival=[], later=[e1])
     assert order == ["anywhere"], order  # it waits for e1; the one behind it takes e2
+
+
+async def test_the_reserve_goes_to_an_under_share_tenant_behind_a_busy_ones_head() -> None:
+    """A quiet tenant's second request in a row has its fair turn after the busy tenant's
+    next: when the only free slot is the reserve, which the busy one may not take, the quiet
+    one behind it takes it (it would otherwise wait for a slot beyond the reserve)."""
+    clock = Clock()
+    q, load, _ = make_queue(clock, max_in_flight=2, reserve=1)
+    load.start(ENGINE, 0)
+    load.start(ENGINE, 0)  # the engine's two slots taken: everything queues
+    order: list[str] = []
+    tasks = [asyncio.create_task(admitted(q, load, {"x-tenant": "B"}, order=order))
+             for _ in range(10)]  # fmt: skip
+    await settle()
+    for _ in range(6):  # B alone is served: never over its share while alone
+        load.finish(ENGINE)
+        await settle()
+    assert order == ["B"] * 6, order
+    # A's requests cost 3x B's: its second's fair turn comes after B's next
+    for _ in range(2):
+        tasks.append(asyncio.create_task(
+            admitted(q, load, {"x-tenant": "A"}, tokens=300.0, order=order)))
+    await settle()
+    load.finish(ENGINE)
+    await settle()
+    assert order[6:] == ["A"], order  # A's first: its turn
+    load.finish(ENGINE)  # one slot free, the reserve: B (over its share now) may not take it
+    await settle()
+    assert order[6:] == ["A", "A"], order
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
