@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from prefix_router.backends import Backend
 from prefix_router.config import QueueSettings
 from prefix_router.errors import RequestError
 from prefix_router.load import LoadTracker
@@ -34,7 +35,7 @@ def make_queue(clock: Clock, **queue: Any) -> tuple[DispatchQueue, LoadTracker, 
     load = LoadTracker()
     reports: list[tuple] = []
     q = DispatchQueue(s, Classifier(s, "x-tenant"), Saturation(s), load.inflight,
-                      lambda *r: reports.append(r), clock)  # fmt: skip
+                      lambda *r: reports.append(r), clock, load.pending_prefill)  # fmt: skip
     load.on_release = q.pump
     return q, load, reports
 
@@ -487,3 +488,29 @@ async def test_the_reserve_goes_to_an_under_share_tenant_behind_a_busy_ones_head
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+E3 = "http://e3"
+
+
+def test_a_request_beyond_the_reserve_leaves_the_quietest_engine_to_it() -> None:
+    """Released beyond the reserve (`spare`), a request is bound off the quietest engine
+    (fewest in flight, then least prefill pending), where the reserve stays for the request
+    it is kept for; a request that may take the reserve sees every engine with room."""
+    clock = Clock()
+    q, load, _ = make_queue(clock, max_in_flight=2, reserve=1)
+    backends = [Backend(E1), Backend(E2), Backend(E3)]
+    load.start(E1, 0)  # e1: one running, its prefill pending
+    load.start(E1, 500)
+    load.finish(E1)
+    load.start(E2, 0)  # e2: one running, decoding
+    load.first_byte(E2, 0)
+    load.start(E3, 0)
+    load.start(E3, 0)  # e3: full
+    assert [b.url for b in q.with_room(backends)] == [E1, E2]
+    assert [b.url for b in q.with_room(backends, spare=True)] == [E1]  # e2 kept
+    load.finish(E2)  # e2 idle: still the quietest
+    assert [b.url for b in q.with_room(backends, spare=True)] == [E1]
+    load.start(E2, 0)
+    load.start(E2, 0)  # only e1 has room: it goes there (no slot idles beyond the reserve)
+    assert [b.url for b in q.with_room(backends, spare=True)] == [E1]
