@@ -28,7 +28,7 @@ import aiohttp
 import yaml
 
 from .harness.anchors import ANCHORS, PACKAGES, missing
-from .harness.engines import settle
+from .harness.engines import fetch_stats, settle
 from .harness.fleet import Fleet, Proc, free_port
 from .harness.stats import percentile
 from .provenance import now_utc, stamp
@@ -131,6 +131,8 @@ class Sent:
     error: str = ""
     timeout: bool = False
     done_at: float | None = None  # s into the run, when its stream ended whole
+    rid: str = ""  # its x-request-id: the engine's timings of it (/stats) are found by it
+    sent_pc: float = 0.0  # perf_counter when sent (the engines' timings use the same clock)
 
 
 def arrivals(plan: Plan) -> list[tuple[float, str]]:
@@ -159,11 +161,12 @@ async def send(http: aiohttp.ClientSession, url: str, plan: Plan, s: Sent, text:
                start: float = 0.0, band: str | None = None) -> None:
     body = {"model": MODEL, "prompt": text, "max_tokens": plan.max_tokens, "stream": True,
             "stream_options": {"include_usage": True}}
-    t0 = time.perf_counter()
+    t0 = s.sent_pc = time.perf_counter()
     try:
         async with http.post(url + "/v1/completions", json=body,
                              headers={TENANT_HEADER: s.tenant,
-                                      **({BAND_HEADER: band} if band else {})},
+                                      **({BAND_HEADER: band} if band else {}),
+                                      **({"x-request-id": s.rid} if s.rid else {})},
                              timeout=aiohttp.ClientTimeout(total=plan.request_timeout_s)) as r:
             s.status = r.status
             s.retry_after = r.headers.get("Retry-After")
@@ -197,7 +200,7 @@ async def load(url: str, plan: Plan, a_band: str | None = None) -> list[Sent]:
             delay = start + at - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            s = Sent(tenant, at)
+            s = Sent(tenant, at, rid=f"{tenant}{i}")
             sent.append(s)
             tasks.append(asyncio.create_task(send(http, url, plan, s, prompt(
                 rng, tenant, i, plan.prompt_words), start, a_band if tenant == "A" else None)))
@@ -226,6 +229,30 @@ async def measure_capacity(fleet: Fleet, sims: list[str], plan: Plan) -> float:
 
 def whole(s: Sent) -> bool:
     return s.status == 200 and not s.error and not s.timeout and s.done_at is not None
+
+
+def quiet_detail(plan: Plan, sent: list[Sent], stats: list[dict[str, Any]]) -> list[dict]:
+    """Where each of A's TTFTs during B's hold went, from the engines' own timings: the
+    router's part (sent -> the engine received it), the engine's wait (arrived -> first token)
+    and the other requests whose prefill shared that wait on the same engine."""
+    seen: dict[str, tuple[int, float, float, float]] = {}
+    waits: dict[int, list[tuple[float, float, str]]] = {}
+    for e, st in enumerate(stats):
+        for tag, received, arrived, first, _written in st.get("timings", ()):
+            seen[tag] = (e, received, arrived, first)
+            waits.setdefault(e, []).append((arrived, first, tag))
+    lo, hi = plan.hold()
+    out = []
+    for s in sent:
+        if s.tenant != "A" or not lo <= s.at < hi or s.rid not in seen or s.ttft is None:
+            continue
+        e, received, arrived, first = seen[s.rid]
+        beside = [t for a, f, t in waits[e] if t != s.rid and a < first and f > arrived]
+        out.append({"id": s.rid, "engine": e, "ttft_ms": round(s.ttft * 1000, 1),
+                    "router_ms": round((received - s.sent_pc) * 1000, 1),
+                    "engine_ms": round((first - arrived) * 1000, 1),
+                    "prefills_beside": len(beside)})
+    return out
 
 
 def summarise(name: str, plan: Plan, sent: list[Sent], seconds: float) -> dict[str, Any]:
@@ -263,6 +290,7 @@ def summarise(name: str, plan: Plan, sent: list[Sent], seconds: float) -> dict[s
 async def run(plan: Plan, setups: list[str], out: Path, command: str) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     timelines: dict[str, list[dict[str, Any]]] = {}
+    details: dict[str, list[dict[str, Any]]] = {}
     logs = Path("bench/.logs/tenants")  # not committed
     async with Fleet(logs) as fleet:
         sims = []
@@ -294,6 +322,9 @@ async def run(plan: Plan, setups: list[str], out: Path, command: str) -> dict[st
             row = summarise(name, plan, sent, seconds)
             print(json.dumps(row), flush=True)
             rows.append(row)
+            details[name] = quiet_detail(plan, sent, await fetch_stats(sims))
+            for d in sorted(details[name], key=lambda d: d["ttft_ms"]):
+                print("  A", json.dumps(d), flush=True)
             # [s into the run, tenant, status, TTFT s]: the plot's points, compact
             timelines[name] = [[round(s.at, 3), s.tenant, s.status,
                                 None if s.ttft is None else round(s.ttft, 4)] for s in sent]
@@ -316,7 +347,7 @@ async def run(plan: Plan, setups: list[str], out: Path, command: str) -> dict[st
     high = next((r for r in rows if r["router"].split(",", 1)[0] == "prefix-high"), {})
     summary["high_band_ttft_p99_ratio"] = high.get("quiet_ttft_p99_ratio")
     return {"summary": summary, "rows": rows, "plan": asdict(plan), "timelines": timelines,
-            "date": now_utc(), **stamp(command)}
+            "quiet_detail": details, "date": now_utc(), **stamp(command)}
 
 
 def report(result: dict[str, Any], out: Path) -> None:

@@ -87,7 +87,7 @@ class RouterCore:
                 self.metrics.queue_wait.observe(ticket.waited)
                 backends = eligible(self.backends, models, parsed.model)  # as they are now
             # never to a saturated engine while another has room (all: none saturated)
-            backends = self.dispatch.with_room(backends)
+            backends = self.dispatch.with_room(backends, ticket.spare)
             named = self._session(parsed, headers)
             decision = await self.scheduler.route(
                 parsed.model, key, backends, parsed.canonical, named
@@ -210,7 +210,7 @@ def build_dispatch(
 
     saturation = Saturation(s.queue)
     q = DispatchQueue(s.queue, Classifier(s.queue, s.salt_header), saturation, load.inflight,
-                      report, clock)  # fmt: skip
+                      report, clock, load.pending_prefill)  # fmt: skip
     load.on_release = q.pump
     saturation.on_change = q.pump
     metrics.watch_queue(q.demand)

@@ -127,6 +127,10 @@ class FairQueue(Generic[T]):
             }
             self._prune_at = 2 * len(self._finish) + _PRUNE_SLACK  # amortised: O(1) a call
 
+    def waiting_tenants(self) -> list[str]:
+        """The tenants with entries queued."""
+        return list(self._waiting)
+
     def tenants(self) -> int:
         """Tenants whose finish tag is kept (for the bound on memory)."""
         return len(self._finish)

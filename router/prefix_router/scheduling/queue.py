@@ -15,7 +15,10 @@ is bound to an engine only when one has room (late binding: scored where its pre
                (shares.py): its next request finds a slot at once, not after one frees.
                A ticket whose prefix engines hold goes only to one of them, until
                `owner_wait_s` after it became the next in line; a slot that frees elsewhere
-               goes meanwhile to the first ticket behind it that may take it.
+               goes meanwhile to the first ticket behind it that may take it. Those engines
+               are read when the ticket is considered for a free slot, not when it arrived
+               (a prefix placed elsewhere while it waited is followed): a read in flight
+               holds the pump, and its answer stands until load next moves.
   Pass.bound() the released request is routed, its Attempt starts in the same step: until
                then it counts as `launching`, so one release of load lets one request
                through, not all of them.
@@ -59,10 +62,14 @@ class Ticket:
     future: asyncio.Future[None]
     entry: Entry[Ticket] | None = None
     queued: bool = True
-    # the engines holding its longest prefix: it goes only to one of them until
-    # `owner_wait_s` after it has become the next in line (inf: not yet)
+    # the engines holding its longest prefix, asked when a slot is there for it: it goes
+    # only to one of them until `owner_wait_s` after it has become the next in line (inf:
+    # not yet). None: it waits for no engine in particular.
+    ask_owners: Callable[[], Awaitable[Sequence[str]]] | None = None
     owners: Sequence[str] = ()
+    read_at: int = -1  # the queue's epoch when `owners` was read (-1: never)
     owners_until: float = math.inf
+    spare: bool = False  # released beyond the reserve: it must leave the reserved slots
 
 
 @dataclass(slots=True)
@@ -71,6 +78,7 @@ class Pass:
 
     queue: DispatchQueue | None
     waited: float = 0.0  # seconds in the queue
+    spare: bool = False  # it must leave the reserve's slots free (with_room)
 
     def bound(self) -> None:
         q, self.queue = self.queue, None
@@ -93,11 +101,13 @@ class DispatchQueue:
         inflight: Callable[[str], float],
         report: Report | None = None,
         clock: Callable[[], float] = time.monotonic,
+        pending: Callable[[str], float] = lambda _backend: 0.0,
     ) -> None:
         self._s = settings
         self.classifier = classifier
         self.saturation = saturation
         self._inflight = inflight
+        self._pending = pending  # prefill tokens sent to an engine, not yet answered
         self._report = report or (lambda decision, reason, band: None)
         self._clock = clock
         self._bands = [_Band() for _ in settings.bands]
@@ -110,6 +120,10 @@ class DispatchQueue:
         self.bytes = 0
         self.launching = 0  # released (or passed), not yet bound to an engine
         self.draining = False
+        # moves with every change of load (a pump from outside): an owners' reading of an
+        # older epoch is read again before it decides a release
+        self._epoch = 0
+        self._reading: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._due = math.inf
         # releases a second (decayed), for Retry-After
@@ -127,14 +141,25 @@ class DispatchQueue:
         """Requests the engines could take now, those released but not yet bound counted."""
         return self.saturation.room(candidates, self._inflight) - self.launching
 
-    def with_room(self, backends: Sequence[Backend]) -> Sequence[Backend]:
+    def with_room(self, backends: Sequence[Backend], spare: bool = False) -> Sequence[Backend]:
         """Of `backends`, those not saturated (all of them when none has room: a release
-        raced a new arrival): a request is bound where it can run now."""
+        raced a new arrival): a request is bound where it can run now. `spare`: it was
+        released beyond the reserve, which is kept on the quietest engines (fewest in
+        flight, least prefill pending): it goes elsewhere when it can, so the request the
+        reserve is for meets no prefill of its in the engine's step."""
         if not self._s.enabled:
             return backends
         sat, inflight = self.saturation, self._inflight
-        out = [b for b in backends if sat.room((b.url,), inflight) > 0]
-        return out if out and len(out) < len(backends) else backends
+        rooms = [(b, sat.room((b.url,), inflight)) for b in backends]
+        out = [(b, r) for b, r in rooms if r > 0]
+        if spare and self._reserve and len(out) > 1:
+            out.sort(key=lambda br: (inflight(br[0].url), self._pending(br[0].url)))
+            kept = i = 0
+            while i < len(out) and kept < self._reserve:
+                kept += out[i][1]
+                i += 1
+            out = out[i:] or out
+        return [b for b, _ in out] if out and len(out) < len(backends) else backends
 
     async def admit(
         self,
@@ -147,8 +172,9 @@ class DispatchQueue:
         owners: Callable[[], Awaitable[Sequence[str]]] | None = None,
     ) -> Pass:
         """`now`: the candidates as the caller has just found them (else `candidates()`);
-        `owners`: the engines holding the request's longest prefix, asked only if it may
-        wait (some engine is saturated)."""
+        `owners`: the engines holding the request's longest prefix: asked at once only if
+        some engine is saturated while others have room, else while it waits, each time a
+        slot is there for it."""
         cands = candidates() if now is None else now
         held: Sequence[str] = ()
         room = self.room(cands)
@@ -188,14 +214,15 @@ class DispatchQueue:
             if self._full(size):
                 self._report("refused", "full_bytes", cls.band)
                 raise self._too_many("the router's queue is full")
-        if reason != "owners_full" and owners is not None and self._s.owner_wait_s > 0:
-            held = await owners()
         now_t = self._clock()
         self.shares.seen(cls.tenant, cls.weight, now_t)
         self._band_seen[cls.band] = now_t
         loop = asyncio.get_running_loop()
+        ask = owners if self._s.owner_wait_s > 0 else None
         t = Ticket(cls, size, now_t, now_t + self._budgets[cls.band], candidates,
-                   loop.create_future(), owners=held)  # fmt: skip
+                   loop.create_future(), ask_owners=ask)  # fmt: skip
+        if reason == "owners_full":
+            t.owners, t.read_at = held, self._epoch  # just read: good until load moves
         self._push(t)
         self._report("queued", reason, cls.band)
         self.pump()
@@ -208,7 +235,7 @@ class DispatchQueue:
             elif t.future.done() and not t.future.cancelled() and t.future.exception() is None:
                 self.launched()  # released, then the client left: the next one goes
             raise
-        return Pass(self, self._clock() - t.arrived)
+        return Pass(self, self._clock() - t.arrived, t.spare)
 
     def _some_full(self, candidates: Sequence[str]) -> bool:
         sat, inflight = self.saturation, self._inflight
@@ -228,12 +255,18 @@ class DispatchQueue:
     # ------------------------------------------------------------------ release
 
     def pump(self) -> None:
-        """Release tickets while the next one's engines have room."""
-        while self.queued:
+        """Release tickets while the next one's engines have room (load has moved: what
+        was read of their prefixes' engines is read again)."""
+        self._epoch += 1
+        self._release()
+
+    def _release(self) -> None:
+        while self.queued and self._reading is None:
             t = self._next()
             if t is None:
                 return
             self._take(t)
+            t.spare = self._reserve > 0 and not self._may_take_reserve(t)
             self.launching += 1
             self._count_release()
             self.shares.served(t.cls.tenant, t.cls.cost, t.cls.weight, self._clock())
@@ -259,7 +292,7 @@ class DispatchQueue:
             if e is None:
                 continue
             head = e.item
-            if head.owners and head.owners_until == math.inf:
+            if head.ask_owners is not None and head.owners_until == math.inf:
                 # next in line: its wait for its engines starts, and ends even if no load is
                 # released meanwhile
                 head.owners_until = now + self._s.owner_wait_s
@@ -267,16 +300,57 @@ class DispatchQueue:
             go = self._releasable(head, now)
             if go is None:
                 return head
+            if go is False and self._reserved_for_another(head, band.fair, now):
+                return self._past_the_reserve(head, band.fair, now)
+            if go and self._stale(head, now):
+                self._read([head])
+                return None
             if go and head.owners:  # only its owners are full: look past it
-                for later in band.fair.first(_LOOKAHEAD)[1:]:
-                    if self._releasable(later.item, now) is None:
-                        return later.item
+                later = [x.item for x in band.fair.first(_LOOKAHEAD)[1:]]
+                stale = [x for x in later if self._stale(x, now)]
+                if stale:  # read together with the head's: one answer decides them all
+                    self._read([head, *stale])
+                    return None
+                for t in later:
+                    if self._releasable(t, now) is None:
+                        return t
             return None
         return None
 
+    def _reserved_for_another(self, head: Ticket, fq: FairQueue[Ticket], now: float) -> bool:
+        """Is the only room the reserve, which the head may not take and another tenant
+        waiting in its band may?"""
+        try:
+            free = self.free(head.candidates())
+        except RequestError:
+            return False
+        if not 0 < free <= self._reserve:
+            return False
+        active = now - 2 * self.shares.window_s
+        if any(seen >= active for seen in self._band_seen[: head.cls.band]):
+            return False  # kept for a band above: nobody in this one takes it
+        return any(tenant != head.cls.tenant and not self.shares.over(tenant, now)
+                   for tenant in fq.waiting_tenants())  # fmt: skip
+
+    def _past_the_reserve(self, head: Ticket, fq: FairQueue[Ticket], now: float) -> Ticket | None:
+        """The first ticket behind the head that may take the reserve: an under-share
+        tenant's request whose fair turn is after a busy tenant's head is the one the
+        reserve is kept for (without this it would wait for a slot beyond the reserve)."""
+        for x in fq.first(_LOOKAHEAD)[1:]:
+            t = x.item
+            if t.cls.tenant == head.cls.tenant or not self._may_take_reserve(t):
+                continue
+            go = self._releasable(t, now)
+            if go is None:
+                return t
+            if go and self._stale(t, now):
+                self._read([t])
+                return None
+        return None
+
     def _releasable(self, t: Ticket, now: float) -> bool | None:
-        """None: `t` may go now; True: the fleet has room, not the engines it waits for;
-        False: no room for it."""
+        """None: `t` may go now; True: the fleet has room, not (or not yet known) the
+        engines it waits for; False: no room for it."""
         try:
             candidates = t.candidates()
         except RequestError:
@@ -284,11 +358,34 @@ class DispatchQueue:
         free = self.free(candidates)
         if free <= 0 or (free <= self._reserve and not self._may_take_reserve(t)):
             return False
+        if self._stale(t, now):
+            return True
         if t.owners and now < t.owners_until:
             alive = [b for b in t.owners if b in candidates]
             if alive and self.free(alive) <= 0:
                 return True
         return None
+
+    def _stale(self, t: Ticket, now: float) -> bool:
+        """Would `t` wait for its prefix's engines, as last read before load last moved?"""
+        return t.ask_owners is not None and now < t.owners_until and t.read_at != self._epoch
+
+    def _read(self, tickets: list[Ticket]) -> None:
+        """Ask where each ticket's prefix is now; the pump waits for the answer (one index
+        round trip), so no slot is given away on an old one meanwhile."""
+
+        async def read() -> None:
+            try:
+                got = await asyncio.gather(*(_ask(t) for t in tickets), return_exceptions=True)
+            finally:
+                self._reading = None
+            for t, owners in zip(tickets, got, strict=True):
+                # an index that cannot answer: the request goes wherever there is room
+                t.owners = () if isinstance(owners, BaseException) else owners
+                t.read_at = self._epoch  # as of now: stands until load moves again
+            self._release()
+
+        self._reading = asyncio.get_running_loop().create_task(read())
 
     # ------------------------------------------------------------------ deadlines, drain
 
@@ -401,6 +498,10 @@ class DispatchQueue:
     def _decayed_rate(self, now: float | None = None) -> float:
         now = self._clock() if now is None else now
         return self._rate * math.exp(-(now - self._rate_at) / _RATE_WINDOW_S)
+
+
+async def _ask(t: Ticket) -> Sequence[str]:
+    return await t.ask_owners() if t.ask_owners is not None else ()
 
 
 _RATE_WINDOW_S = 5.0

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from prefix_router.backends import Backend
 from prefix_router.config import QueueSettings
 from prefix_router.errors import RequestError
 from prefix_router.load import LoadTracker
@@ -34,7 +35,7 @@ def make_queue(clock: Clock, **queue: Any) -> tuple[DispatchQueue, LoadTracker, 
     load = LoadTracker()
     reports: list[tuple] = []
     q = DispatchQueue(s, Classifier(s, "x-tenant"), Saturation(s), load.inflight,
-                      lambda *r: reports.append(r), clock)  # fmt: skip
+                      lambda *r: reports.append(r), clock, load.pending_prefill)  # fmt: skip
     load.on_release = q.pump
     return q, load, reports
 
@@ -57,7 +58,8 @@ async def soon(aw: Any) -> Any:
 
 
 async def settle() -> None:
-    for _ in range(5):
+    """Enough turns of the loop for a release, and for a read of a prefix's engines before it."""
+    for _ in range(20):
         await asyncio.sleep(0)
 
 
@@ -345,7 +347,7 @@ async def sent_holding(q: DispatchQueue, load: LoadTracker, order: list[str], na
     """A request whose prefix `owners` hold, over two one-slot engines: noted when it gets a
     pass, then started where it found room."""
     async def held() -> list[str]:
-        return owners
+        return list(owners)  # as the index answers now: the test may move the prefix later
 
     p = await q.admit(lambda: [E1, E2], {"x-tenant": name}, 100.0, {}, 10, owners=held)
     order.append(name)
@@ -423,6 +425,95 @@ async def test_the_wait_for_its_prefix_engines_counts_from_its_turn() -> None:
     await settle()
     assert order == ["first", "held"], order
     await soon(asyncio.gather(*tasks))
+
+
+async def test_a_request_follows_its_prefix_to_where_it_is_when_a_slot_frees() -> None:
+    """Its prefix's engines are read when a slot is there for it, not when it arrived: held
+    by e1 at arrival and placed on e2 while it waited, it takes e2's free slot (read at
+    arrival it would wait for e1 and the request behind it would take e2); held by nobody
+    at arrival and placed on e1 meanwhile, it waits for e1 instead of missing on e2."""
+    e1, e2 = E1, E2
+
+    async def run(at_arrival: list[str], later: list[str]) -> tuple[list[str], list[Any]]:
+        q, load, _ = make_queue(Clock(), owner_wait_s=2.0)
+        load.start(e1, 0)
+        load.start(e2, 0)  # both engines full: everything queues
+        order: list[str] = []
+        owners = list(at_arrival)
+        tasks = [asyncio.create_task(sent_holding(q, load, order, "held", owners))]
+        await settle()
+        tasks.append(asyncio.create_task(sent_holding(q, load, order, "anywhere", [])))
+        await settle()
+        owners[:] = later  # the index now places its prefix here
+        load.finish(e2)
+        await settle()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return order, tasks
+
+    order, _ = await run(at_arrival=[e1], later=[e1, e2])
+    assert order == ["held"], order  # to e2, which holds its prefix now
+    order, _ = await run(at_arrival=[], later=[e1])
+    assert order == ["anywhere"], order  # it waits for e1; the one behind it takes e2
+
+
+async def test_the_reserve_goes_to_an_under_share_tenant_behind_a_busy_ones_head() -> None:
+    """A quiet tenant's second request in a row has its fair turn after the busy tenant's
+    next: when the only free slot is the reserve, which the busy one may not take, the quiet
+    one behind it takes it (it would otherwise wait for a slot beyond the reserve)."""
+    clock = Clock()
+    q, load, _ = make_queue(clock, max_in_flight=2, reserve=1)
+    load.start(ENGINE, 0)
+    load.start(ENGINE, 0)  # the engine's two slots taken: everything queues
+    order: list[str] = []
+    tasks = [asyncio.create_task(admitted(q, load, {"x-tenant": "B"}, order=order))
+             for _ in range(10)]  # fmt: skip
+    await settle()
+    for _ in range(6):  # B alone is served: never over its share while alone
+        load.finish(ENGINE)
+        await settle()
+    assert order == ["B"] * 6, order
+    # A's requests cost 3x B's: its second's fair turn comes after B's next
+    for _ in range(2):
+        tasks.append(asyncio.create_task(
+            admitted(q, load, {"x-tenant": "A"}, tokens=300.0, order=order)))
+    await settle()
+    load.finish(ENGINE)
+    await settle()
+    assert order[6:] == ["A"], order  # A's first: its turn
+    load.finish(ENGINE)  # one slot free, the reserve: B (over its share now) may not take it
+    await settle()
+    assert order[6:] == ["A", "A"], order
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+E3 = "http://e3"
+
+
+def test_a_request_beyond_the_reserve_leaves_the_quietest_engine_to_it() -> None:
+    """Released beyond the reserve (`spare`), a request is bound off the quietest engine
+    (fewest in flight, then least prefill pending), where the reserve stays for the request
+    it is kept for; a request that may take the reserve sees every engine with room."""
+    clock = Clock()
+    q, load, _ = make_queue(clock, max_in_flight=2, reserve=1)
+    backends = [Backend(E1), Backend(E2), Backend(E3)]
+    load.start(E1, 0)  # e1: one running, its prefill pending
+    load.start(E1, 500)
+    load.finish(E1)
+    load.start(E2, 0)  # e2: one running, decoding
+    load.first_byte(E2, 0)
+    load.start(E3, 0)
+    load.start(E3, 0)  # e3: full
+    assert [b.url for b in q.with_room(backends)] == [E1, E2]
+    assert [b.url for b in q.with_room(backends, spare=True)] == [E1]  # e2 kept
+    load.finish(E2)  # e2 idle: still the quietest
+    assert [b.url for b in q.with_room(backends, spare=True)] == [E1]
+    load.start(E2, 0)
+    load.start(E2, 0)  # only e1 has room: it goes there (no slot idles beyond the reserve)
+    assert [b.url for b in q.with_room(backends, spare=True)] == [E1]
 
 
 async def test_a_request_waits_for_its_full_prefix_engine_while_another_has_room() -> None:
