@@ -184,7 +184,11 @@ class DispatchQueue:
                 return Pass(self)
             held = await owners()
             alive = [b for b in held if b in cands]
-            if not alive or self.free(alive) > 0 or self.draining or self._full(size):
+            if not alive or self.free(alive) > 0 or self.draining or self._full(size) or (
+                self._reserve and self._reserved_for(
+                    self.classifier.classify(headers, prompt_tokens, body))):
+                # the last case: a request the reserve is kept for starts at once, where
+                # there is room (its wait is what the reserve spares it)
                 self.launching += 1
                 return Pass(self)
             # Its prefix's engines are all full while others have room: it waits for them
@@ -274,13 +278,16 @@ class DispatchQueue:
             t.future.set_result(None)
 
     def _may_take_reserve(self, t: Ticket) -> bool:
-        """Not while a band above the ticket's is active (it arrived within the shares'
+        return self._reserved_for(t.cls)
+
+    def _reserved_for(self, cls: Class) -> bool:
+        """Not while a band above the class's is active (it arrived within the shares'
         activity window), nor while its tenant is over its share of an active fleet."""
         now = self._clock()
         active = now - 2 * self.shares.window_s
-        if any(seen >= active for seen in self._band_seen[:t.cls.band]):
+        if any(seen >= active for seen in self._band_seen[:cls.band]):
             return False
-        return not self.shares.over(t.cls.tenant, now)
+        return not self.shares.over(cls.tenant, now)
 
     def _next(self) -> Ticket | None:
         """The ticket to release now, if any: the highest band's next (a lower band never

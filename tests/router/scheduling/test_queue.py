@@ -540,3 +540,15 @@ async def test_a_request_waits_for_its_full_prefix_engine_while_another_has_room
     load.start(E1, 0)
     await soon(sent_holding(q, load, order, "new", []))
     assert order[-1] == "new"
+
+
+async def test_a_request_the_reserve_is_kept_for_does_not_wait_for_its_prefix_engines() -> None:
+    """With a reserve, a tenant under its share starts where there is room even when its
+    prefix engine is full: its wait is what the reserve is kept to spare it."""
+    q, load, _ = make_queue(Clock(), owner_wait_s=2.0, reserve=1)
+    load.start(E1, 0)  # e1 (its prefix) full, e2 free
+    order: list[str] = []
+    task = asyncio.create_task(sent_holding(q, load, order, "quiet", [E1]))
+    await settle()
+    assert order == ["quiet"], order
+    await soon(task)
