@@ -184,19 +184,17 @@ class DispatchQueue:
                 return Pass(self)
             held = await owners()
             alive = [b for b in held if b in cands]
-            if (not alive or self.free(alive) > 0 or self._slot_free(cands, alive)
-                    or self.draining or self._full(size) or (
-                    self._reserve and self._reserved_for(
-                        self.classifier.classify(headers, prompt_tokens, body)))):
-                # an engine that would idle takes it; so does a request the reserve is
-                # kept for (its wait is what the reserve spares it)
+            if not alive or self.free(alive) > 0 or self.draining or self._full(size) or (
+                self._reserve and self._reserved_for(
+                    self.classifier.classify(headers, prompt_tokens, body))):
+                # the last case: a request the reserve is kept for starts at once, where
+                # there is room (its wait is what the reserve spares it)
                 self.launching += 1
                 return Pass(self)
-            # Its prefix's engines are all full, and the others' room is only their own
-            # waiting queues: it waits for its engines (up to `owner_wait_s`) rather than
-            # computing its prefix again in another engine's queue. Sent on, three routers
-            # on llama-servers scattered every hot prompt over the fleet
-            # (bench/results/real-engine-routers/).
+            # Its prefix's engines are all full while others have room: it waits for them
+            # (up to `owner_wait_s`) rather than computing the prefix again elsewhere at
+            # once. Sent on, three routers on llama-servers scattered every hot prompt
+            # over the fleet (bench/results/real-engine-routers/).
             reason = "owners_full"
         elif room:
             if self.draining or self._full(size):
@@ -242,18 +240,6 @@ class DispatchQueue:
                 self.launched()  # released, then the client left: the next one goes
             raise
         return Pass(self, self._clock() - t.arrived, t.spare)
-
-    def _slot_free(self, candidates: Sequence[str], owners: Sequence[str]) -> bool:
-        """Whether an engine outside `owners` runs fewer requests than its slots (or its
-        capacity is unknown): it would idle while the request waited."""
-        sat, inflight = self.saturation, self._inflight
-        for b in candidates:
-            if b in owners:
-                continue
-            cap = sat.capacity(b)
-            if cap is None or inflight(b) + self.launching < cap:
-                return True
-        return False
 
     def _some_full(self, candidates: Sequence[str]) -> bool:
         sat, inflight = self.saturation, self._inflight
