@@ -16,10 +16,9 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
+from inprocess import serve_router, stub_engine
 
 from bench.harness.promtext import sample_sum
-from prefix_router.app import serve
 from prefix_router.config import RouterSettings
 
 MODEL = "test-model"
@@ -29,9 +28,6 @@ MODEL = "test-model"
 async def engine() -> AsyncIterator[tuple[str, asyncio.Event]]:
     """Streams a whole answer, then ends its stream only once the test says the client left."""
     client_gone = asyncio.Event()
-
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({})
 
     async def chat(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -44,23 +40,8 @@ async def engine() -> AsyncIterator[tuple[str, asyncio.Event]]:
         await resp.write_eof()
         return resp
 
-    app = web.Application()
-    app.router.add_get("/health", health)
-    app.router.add_post("/v1/chat/completions", chat)
-    server = TestServer(app)
-    await server.start_server()
-    yield str(server.make_url("")).rstrip("/"), client_gone
-    await server.close()
-
-
-async def _serve(s: RouterSettings) -> tuple[str, str, asyncio.Event, asyncio.Task[None]]:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    bound: asyncio.Future[int] = loop.create_future()
-    metrics: asyncio.Future[int] = loop.create_future()
-    task = asyncio.create_task(serve(s, stop, bound.set_result, metrics.set_result))
-    url = f"http://127.0.0.1:{await asyncio.wait_for(bound, 30)}"
-    return url, f"http://127.0.0.1:{await asyncio.wait_for(metrics, 30)}/metrics", stop, task
+    async with stub_engine(chat) as url:
+        yield url, client_gone
 
 
 async def _outcomes(session: aiohttp.ClientSession, metrics: str, backend: str) -> dict[str, Any]:
@@ -76,7 +57,7 @@ async def test_a_client_closing_after_done_leaves_an_ok_request(engine) -> None:
         "discovery": {"backends": [backend]}, "models": [MODEL], "port": 0,
         "policy": "round-robin", "health": {"probe_interval_s": 0.1},
     })  # fmt: skip
-    url, metrics, stop, task = await _serve(s)
+    url, metrics, stop, task = await serve_router(s)
     try:
         host, port = url.removeprefix("http://").split(":")
         reader, writer = await asyncio.open_connection(host, int(port))

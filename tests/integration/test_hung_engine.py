@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from inprocess import serve_router
 
 from bench.harness.promtext import sample_sum
 from prefix_router.app import serve
@@ -85,17 +86,6 @@ async def test_a_hung_engine_that_answers_its_probes_is_ejected(hung, fleet, sta
         await task
 
 
-async def _serve(s: RouterSettings) -> tuple[str, str, asyncio.Event, asyncio.Task[None]]:
-    """The router as `prefix-router` runs it: its URL, its /metrics page, how to stop it."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    bound: asyncio.Future[int] = loop.create_future()
-    metrics: asyncio.Future[int] = loop.create_future()
-    task = asyncio.create_task(serve(s, stop, bound.set_result, metrics.set_result))
-    url = f"http://127.0.0.1:{await asyncio.wait_for(bound, 30)}"
-    return url, f"http://127.0.0.1:{metrics.result()}/metrics", stop, task
-
-
 async def _hang(session: aiohttp.ClientSession, sim: str, hang: bool) -> None:
     async with session.post(sim + "/fault", json={"hang": hang}) as r:
         assert (await r.json())["hang"] is hang
@@ -132,7 +122,7 @@ async def test_non_streamed_requests_leave_a_hung_engine_in_seconds(fleet, start
     # upstream_timeout_s (here 600 s) ended a non-streamed request there, and it took three
     # such timeouts to eject the engine.
     hung, good = await start_sims(fleet, 2)
-    url, _metrics, stop, task = await _serve(_settings([hung, good], readmit_after_s=600))
+    url, _metrics, stop, task = await serve_router(_settings([hung, good], readmit_after_s=600))
     try:
         async with aiohttp.ClientSession() as session:
             await _hang(session, hung, True)
@@ -153,7 +143,7 @@ async def test_a_readmitted_engine_takes_one_request_until_it_answers(
     # A hung engine passes its probes, so it is re-admitted `readmit_after_s` later: before,
     # with its full share of traffic again, every request it took waited to be cut.
     hung, good = await start_sims(fleet, 2)
-    url, metrics, stop, task = await _serve(_settings([hung, good], readmit_after_s=0.5))
+    url, metrics, stop, task = await serve_router(_settings([hung, good], readmit_after_s=0.5))
     try:
         async with aiohttp.ClientSession() as session:
 
