@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
+from inprocess import stub_engine
 from multidict import CIMultiDict
 
 from bench.harness.fleet import Fleet
@@ -59,13 +59,5 @@ async def engine() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
         seen.append({"headers": CIMultiDict(request.headers), "body": await request.json()})
         return web.json_response(ANSWER)
 
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({})
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/health", health)
-    server = TestServer(app)
-    await server.start_server()
-    yield str(server.make_url("")).rstrip("/"), seen
-    await server.close()
+    async with stub_engine(chat) as url:
+        yield url, seen
