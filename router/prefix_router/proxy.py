@@ -51,13 +51,13 @@ _MAX_SNIFF = 4 * 1024 * 1024
 # terminal events (it sends no `[DONE]`)
 _LAST_EVENTS = (b"data: [DONE]", b"response.completed", b"response.failed",
                 b"response.incomplete")
+_RETRY_STATUS = frozenset((502, 503))
 
 
 def _ends_answer(tail: bytes) -> bool:
     """Whether the stream's last bytes hold its last event."""
     end = tail[-512:]
     return any(e in end for e in _LAST_EVENTS)
-_RETRY_STATUS = frozenset((502, 503))
 
 
 class _Retry(Exception):

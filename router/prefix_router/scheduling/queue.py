@@ -177,6 +177,7 @@ class DispatchQueue:
         slot is there for it."""
         cands = candidates() if now is None else now
         held: Sequence[str] = ()
+        cls: Class | None = None
         room = self.room(cands)
         if room and not self.queued:
             if owners is None or self._s.owner_wait_s <= 0 or not self._some_full(cands):
@@ -184,11 +185,13 @@ class DispatchQueue:
                 return Pass(self)
             held = await owners()
             alive = [b for b in held if b in cands]
-            if not alive or self.free(alive) > 0 or self.draining or self._full(size) or (
-                self._reserve and self._reserved_for(
-                    self.classifier.classify(headers, prompt_tokens, body))):
-                # the last case: a request the reserve is kept for starts at once, where
-                # there is room (its wait is what the reserve spares it)
+            if not alive or self.free(alive) > 0 or self.draining or self._full(size):
+                self.launching += 1
+                return Pass(self)
+            cls = self.classifier.classify(headers, prompt_tokens, body)
+            if self._reserve and self._reserved_for(cls):
+                # a request the reserve is kept for starts at once, where there is room
+                # (its wait is what the reserve spares it)
                 self.launching += 1
                 return Pass(self)
             # Its prefix's engines are all full while others have room: it waits for them
@@ -203,7 +206,8 @@ class DispatchQueue:
             reason = "behind"  # others wait for their engines: in line, released at once if it may
         else:
             reason = "saturated"
-        cls = self.classifier.classify(headers, prompt_tokens, body)
+        if cls is None:
+            cls = self.classifier.classify(headers, prompt_tokens, body)
         if reason == "saturated":
             if self.draining:
                 self._report("refused", "draining", cls.band)
